@@ -1,0 +1,66 @@
+"""Human output: per-stage progress lines and the summary table (on stderr)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from ..pipeline import BuildResult
+from ..stages.base import StageRecord
+
+STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "cached-failed": "red", "would run": "magenta"}
+
+
+class StageProgress:
+    """A spinner while a stage runs, then one line with its status."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.status: Status | None = None
+
+    def __call__(self, event: str, name: str, record: StageRecord | None) -> None:
+        if event == "start":
+            self.status = self.console.status(f"[bold]{name}[/] running…")
+            self.status.start()
+            return
+        if self.status is not None:
+            self.status.stop()
+        assert record is not None
+        style = STYLE.get(record.status, "white")
+        self.console.print(f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {detail(record)}")
+
+
+def detail(record: StageRecord) -> str:
+    d: dict[str, Any] = record.details
+    if record.name == "verify" and "top1" in d:
+        verdict = "pass" if d.get("passed") else "FAIL"
+        return f"{verdict}: top-1 {d['top1']:.4f}, KL {d['kl_mean']:.2e}, greedy {d['greedy_agreement']:.2f}"
+    if record.name == "engine" and record.status == "skipped":
+        return d.get("reason", "")
+    if record.name == "package":
+        return "engine included" if d.get("engine_included") else "configs only (no engine yet)"
+    if record.name == "convert" and "quant_algo" in d:
+        return f"{d.get('architecture')} {d.get('dtype')} quant={d.get('quant_algo')}"
+    return record.output
+
+
+def summary(console: Console, result: BuildResult) -> None:
+    table = Table(title=f"{result.layout.model} @ {result.layout.revision[:19]} · {result.layout.variant}")
+    for col in ("stage", "status", "seconds", "detail"):
+        table.add_column(col)
+    for record in result.records:
+        style = STYLE.get(record.status, "white")
+        table.add_row(record.name, f"[{style}]{record.status}[/]", f"{record.seconds:.2f}", detail(record))
+    console.print(table)
+    for notice in result.notices:
+        console.print(f"[yellow]note:[/] {notice}")
+    engine = next((r for r in result.records if r.name == "engine"), None)
+    if engine and engine.status == "skipped" and "command" in engine.details:
+        console.print("[yellow]engine skipped:[/] TensorRT-LLM is not installed here. On a GPU host with TensorRT-LLM (e.g. the NGC container) run:")
+        console.print(engine.details["command"], markup=False, highlight=False, soft_wrap=True)
+    if not result.dry_run:
+        console.print(f"manifest: {result.layout.manifest}")
+        console.print(f"done in {result.seconds:.2f}s")

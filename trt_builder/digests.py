@@ -1,0 +1,90 @@
+"""sha256 digests of files and directories, memoized by (path, size, mtime, inode)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from .fsio import write_json
+
+_CHUNK = 8 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_json(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class DigestCache:
+    """A file-digest memo kept as JSON; an entry counts only while size, mtime and inode agree."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._entries: dict[str, dict] = {}
+        self._dirty = False
+        self._mutex = threading.Lock()
+        self.hashed_bytes = 0  # bytes actually read this process: 0 on a fully memoized rerun
+        if path is not None and path.is_file():
+            try:
+                self._entries = json.loads(path.read_text())
+            except (OSError, ValueError):
+                self._entries = {}  # a damaged memo is only a slower run
+
+    def file(self, path: Path) -> str:
+        path = path.resolve()
+        st = path.stat()
+        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+        key = str(path)
+        with self._mutex:
+            hit = self._entries.get(key)
+            if hit and all(hit.get(k) == v for k, v in stamp.items()):
+                return hit["sha256"]
+        digest = sha256_file(path)
+        with self._mutex:
+            self.hashed_bytes += st.st_size
+            self._entries[key] = {**stamp, "sha256": digest}
+            self._dirty = True
+        return digest
+
+    def tree(self, root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+        """Digest of every regular file under root, by relative posix path."""
+        out: dict[str, str] = {}
+        for dirpath, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(dirpath, name)
+                rel = full.relative_to(root).as_posix()
+                if rel in exclude:
+                    continue
+                out[rel] = self.file(full)
+        return out
+
+    def digest(self, target: Path, *, exclude: tuple[str, ...] = ()) -> str:
+        """One digest for a file or a directory tree."""
+        if target.is_dir():
+            return sha256_json(self.tree(target, exclude=exclude))
+        return self.file(target)
+
+    def move(self, old_root: Path, new_root: Path) -> None:
+        """Carry memo entries over a directory rename (same inodes, so no rehash is needed)."""
+        old_prefix, new_prefix = f"{old_root.resolve()}{os.sep}", f"{new_root.resolve()}{os.sep}"
+        with self._mutex:
+            for key in [k for k in self._entries if k.startswith(old_prefix)]:
+                self._entries[new_prefix + key[len(old_prefix) :]] = self._entries.pop(key)
+                self._dirty = True
+
+    def save(self) -> None:
+        if self.path is not None and self._dirty:
+            with self._mutex:
+                write_json(self.path, self._entries)
+                self._dirty = False

@@ -1,0 +1,47 @@
+"""Verify gates and the fixed prompt set (light: no torch import, so cached reruns stay fast)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Pass criteria: teacher-forced top-1 agreement and mean KL(reference || candidate)."""
+
+    min_top1: float
+    max_kl: float
+
+
+#: Default gates per mode, against a float32 transformers reference. Measured on
+#: SmolLM2-135M-Instruct (docs/benchmarks.md) with headroom for other models.
+DEFAULT_GATES: dict[str, Gate] = {
+    "float32": Gate(min_top1=0.999, max_kl=1e-4),
+    "float16": Gate(min_top1=0.99, max_kl=1e-3),
+    "bfloat16": Gate(min_top1=0.95, max_kl=1e-2),
+    "int8-wo": Gate(min_top1=0.95, max_kl=2e-2),
+}
+
+
+def load_prompts() -> dict[str, Any]:
+    return json.loads(resources.files("trt_builder").joinpath("data/prompts.json").read_text())
+
+
+def checkpoint_mode(checkpoint: Path) -> str:
+    """The mode name (a DEFAULT_GATES key) of a TensorRT-LLM checkpoint directory."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        raise InputError(f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory") from None
+    algo = (config.get("quantization") or {}).get("quant_algo")
+    if algo == "W8A16":
+        return "int8-wo"
+    if algo is None and config.get("dtype") in DEFAULT_GATES:
+        return str(config["dtype"])
+    raise InputError(f"no verify gate for a {config.get('dtype')} / {algo} checkpoint yet")

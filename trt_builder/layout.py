@@ -1,0 +1,70 @@
+"""Where every artifact of a build lives."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def safe_name(text: str) -> str:
+    """A directory-safe form of a model name or repo id (``org/name`` -> ``org--name``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-.") or "model"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``<root>/<model>/<revision>/`` holds ``hf/`` (shared by every variant) and one
+    ``<variant>/`` per precision and parallelism, with ``checkpoint/``, ``engine/``,
+    ``reports/`` and ``manifest.json``. The Triton repository is ``<triton_root>/<name>/``.
+    """
+
+    root: Path
+    model: str
+    revision: str
+    variant: str
+    triton_root: Path
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / safe_name(self.model) / safe_name(self.revision)
+
+    @property
+    def hf(self) -> Path:
+        return self.model_dir / "hf"
+
+    @property
+    def variant_dir(self) -> Path:
+        return self.model_dir / self.variant
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.variant_dir / "checkpoint"
+
+    @property
+    def engine(self) -> Path:
+        return self.variant_dir / "engine"
+
+    @property
+    def reports(self) -> Path:
+        return self.variant_dir / "reports"
+
+    @property
+    def manifest(self) -> Path:
+        return self.variant_dir / "manifest.json"
+
+    @property
+    def triton_name(self) -> str:
+        return f"{safe_name(self.model)}-{self.variant}".lower()
+
+    @property
+    def triton(self) -> Path:
+        return self.triton_root / self.triton_name
+
+    @property
+    def digest_memo(self) -> Path:
+        return self.root / ".trt-builder" / "digests.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.model_dir / f".{self.variant}.lock"

@@ -1,0 +1,184 @@
+"""The pipeline: fetch -> convert -> verify -> engine -> package, each stage cached by its key."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from . import __version__
+from .digests import DigestCache
+from .errors import InputError, LockBusy, VerifyFailed
+from .fsio import write_json
+from .layout import Layout
+from .source import resolve_source
+from .spec import BuildSpec
+from .stages.base import BuildContext, Stage, StageRecord, plan_stage, run_stage
+from .stages.convert import ConvertStage
+from .stages.engine import EngineStage
+from .stages.fetch import FetchStage
+from .stages.package import PackageStage
+from .stages.verify import VerifyStage
+from .versions import tool_versions
+
+STAGES: tuple[Stage, ...] = (FetchStage(), ConvertStage(), VerifyStage(), EngineStage(), PackageStage())
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+Listener = Callable[[str, str, StageRecord | None], None]  # (event, stage name, record)
+
+
+@dataclass
+class BuildResult:
+    """What a build (or one stage, or a dry run) did, as data."""
+
+    spec: BuildSpec
+    layout: Layout
+    records: list[StageRecord] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.layout.model,
+            "revision": self.layout.revision,
+            "variant": self.layout.variant,
+            "variant_dir": str(self.layout.variant_dir),
+            "triton_repository": str(self.layout.triton),
+            "dry_run": self.dry_run,
+            "seconds": round(self.seconds, 3),
+            "notices": self.notices,
+            "stages": [r.to_json() for r in self.records],
+        }
+
+
+def prepare(spec: BuildSpec, *, force: bool = False) -> BuildContext:
+    """Resolve the model and lay out where this build's artifacts go."""
+    digests = DigestCache(spec.out / ".trt-builder" / "digests.json")
+    source = resolve_source(spec.model, spec.revision, digests)
+    layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root)
+    ctx = BuildContext(spec, source, layout, digests, force=force)
+    if spec.mode_notice:
+        ctx.notices.append(spec.mode_notice)
+    return ctx
+
+
+@contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.with_name(path.name + ".owner")
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        held_by = owner.read_text().strip() if owner.is_file() else "another process"
+        raise LockBusy(
+            f"{path.parent} is being built by {held_by}: wait for it, or raise --lock-timeout"
+        ) from None
+    try:
+        owner.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n")
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
+
+
+def _missing_inputs(stage: Stage, ctx: BuildContext) -> list[Path]:
+    return [p for p in stage.inputs(ctx).values() if not p.exists()]
+
+
+def run(
+    spec: BuildSpec,
+    *,
+    only: tuple[str, ...] = STAGE_NAMES,
+    force: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 600.0,
+    listener: Listener | None = None,
+) -> BuildResult:
+    """Run the stages named in `only`, in pipeline order; see BuildResult."""
+    start = time.perf_counter()
+    ctx = prepare(spec, force=force)
+    result = BuildResult(spec, ctx.layout, notices=ctx.notices, dry_run=dry_run)
+    emit = listener or (lambda *_: None)
+    try:
+        if dry_run:
+            result.records = [_plan(stage, ctx) for stage in STAGES if stage.name in only]
+            return result
+        with _locked(ctx.layout.lock, lock_timeout):
+            for stage in STAGES:
+                if stage.name not in only:
+                    continue
+                missing = _missing_inputs(stage, ctx)
+                if missing:
+                    raise InputError(
+                        f"{stage.name} needs {missing[0]}, which does not exist: run the earlier stages "
+                        f"(trt-builder build, or the stage that writes it) first"
+                    )
+                emit("start", stage.name, None)
+                out = stage.output_dir(ctx)
+                # Outputs shared between variants (hf/) need a lock of their own.
+                with _locked(out.parent / f".{out.name}.lock", lock_timeout):
+                    record = run_stage(stage, ctx)
+                result.records.append(record)
+                emit("end", stage.name, record)
+                _write_manifest(ctx, result)
+                if record.status in ("failed", "cached-failed"):
+                    failure = VerifyFailed(_verify_message(ctx, record))
+                    failure.result = result  # type: ignore[attr-defined]  # for the summary
+                    raise failure
+    finally:
+        ctx.digests.save()
+        result.seconds = time.perf_counter() - start
+    return result
+
+
+def _plan(stage: Stage, ctx: BuildContext) -> StageRecord:
+    if _missing_inputs(stage, ctx):
+        return StageRecord(stage.name, "would run", output=str(stage.output_dir(ctx)))
+    record = plan_stage(stage, ctx)
+    if record.status == "pending":
+        record.status = "would run"
+    return record
+
+
+def _verify_message(ctx: BuildContext, record: StageRecord) -> str:
+    failures = "; ".join(record.details.get("failures") or ["gate failed"])
+    return f"verify failed: {failures} (report: {ctx.layout.reports / 'verify.json'})"
+
+
+def _write_manifest(ctx: BuildContext, result: BuildResult) -> None:
+    """Merge this run's stage records into the variant's manifest.json."""
+    path = ctx.layout.manifest
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    stages = manifest.get("stages", {})
+    for record in result.records:
+        stages[record.name] = record.to_json()
+    manifest.update(
+        {
+            "manifest_version": 1,
+            "trt_builder": __version__,
+            "spec": ctx.spec.to_json(),
+            "source": ctx.source.to_json(),
+            "layout": {
+                "variant_dir": str(ctx.layout.variant_dir),
+                "hf": str(ctx.layout.hf),
+                "triton": str(ctx.layout.triton),
+            },
+            "tools": tool_versions(("torch", "transformers", "safetensors", "tensorrt-llm")),
+            "stages": {name: stages[name] for name in STAGE_NAMES if name in stages},
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+    )
+    write_json(path, manifest)

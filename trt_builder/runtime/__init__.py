@@ -1,0 +1,1 @@
+"""Runtimes that execute a converted model for verify."""

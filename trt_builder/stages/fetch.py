@@ -1,0 +1,33 @@
+"""fetch: the model as an HF safetensors directory, shared by every variant of a revision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..fetch import fetch_model
+from .base import BuildContext
+
+
+class FetchStage:
+    name: ClassVar[str] = "fetch"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("torch", "transformers", "gguf", "safetensors", "huggingface-hub")
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.hf
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        # A hub model's input is its commit sha (a parameter); local inputs are hashed.
+        return {} if ctx.source.kind == "hub" else {"model": Path(ctx.source.ref)}
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        return {
+            "kind": ctx.source.kind,
+            "revision": ctx.source.revision,
+            "repo": ctx.source.ref if ctx.source.kind == "hub" else None,
+            "allow_pickle": ctx.spec.allow_pickle,
+        }
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        return fetch_model(ctx.source, work, allow_pickle=ctx.spec.allow_pickle)

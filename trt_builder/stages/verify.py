@@ -1,0 +1,54 @@
+"""verify: the checkpoint, run by the reference runtime, against transformers; gates apply."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..fsio import write_json
+from ..gates import DEFAULT_GATES, Gate, load_prompts
+from .base import BuildContext
+
+
+def gate_for(ctx: BuildContext) -> Gate:
+    default = DEFAULT_GATES[ctx.spec.mode.name]
+    opts = ctx.spec.verify
+    return Gate(
+        min_top1=default.min_top1 if opts.min_top1 is None else opts.min_top1,
+        max_kl=default.max_kl if opts.max_kl is None else opts.max_kl,
+    )
+
+
+class VerifyStage:
+    name: ClassVar[str] = "verify"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.reports
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        return {"checkpoint": ctx.layout.checkpoint, "hf": ctx.layout.hf}
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        return {
+            "gate": asdict(gate_for(ctx)),
+            "max_new_tokens": ctx.spec.verify.max_new_tokens,
+            "device": ctx.spec.verify.device,
+            "prompts_version": load_prompts()["version"],
+        }
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        from ..verify import verify_checkpoint  # torch and transformers: only when it runs
+
+        report = verify_checkpoint(
+            ctx.layout.checkpoint,
+            ctx.layout.hf,
+            gate=gate_for(ctx),
+            max_new_tokens=ctx.spec.verify.max_new_tokens,
+            device=ctx.spec.verify.device,
+        )
+        write_json(work / "verify.json", report)
+        summary = {k: report[k] for k in ("passed", "failures", "top1", "kl_mean", "greedy_agreement", "device")}
+        return {**summary, "failed": not report["passed"]}

@@ -1,0 +1,1 @@
+"""Triton Inference Server model repository (tensorrtllm_backend inflight-batcher layout)."""
