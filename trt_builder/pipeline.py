@@ -136,7 +136,8 @@ def run(
                     failure.result = result  # type: ignore[attr-defined]  # for the summary
                     raise failure
     finally:
-        ctx.digests.save()
+        if not dry_run:  # a dry run leaves the disk as it found it
+            ctx.digests.save()
         result.seconds = time.perf_counter() - start
     return result
 

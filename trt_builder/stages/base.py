@@ -102,7 +102,13 @@ def plan_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     key = stage_key(stage, inputs, params, tools)
     output = stage.output_dir(ctx)
     marker = read_marker(output)
-    cached = not ctx.force and marker is not None and marker.get("key") == key
+    cached = (
+        not ctx.force
+        and marker is not None
+        and marker.get("key") == key
+        # An output edited or damaged since it was written is not a cache hit.
+        and ctx.digests.tree(output, exclude=(MARKER,)) == marker.get("outputs")
+    )
     record = StageRecord(
         stage.name, "cached" if cached else "pending", key, str(output), inputs, params, tools
     )

@@ -17,7 +17,8 @@ class ConvertStage:
         return ctx.layout.checkpoint
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        return {"hf": ctx.layout.hf}
+        hf = ctx.layout.hf  # config and weights only: a tokenizer change does not reconvert
+        return {"hf/config.json": hf / "config.json", **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))}}
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}

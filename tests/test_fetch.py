@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import edit_json
+from trt_builder.digests import DigestCache
+from trt_builder.errors import InputError
+from trt_builder.fetch import fetch_model
+from trt_builder.source import resolve_source
+
+pytestmark = pytest.mark.integration
+
+
+def _fetch(model: str, tmp_path: Path, **kw: object) -> tuple[Path, dict]:
+    source = resolve_source(model, kw.pop("revision", None), DigestCache(None))  # type: ignore[arg-type]
+    work = tmp_path / "hf"
+    work.mkdir()
+    return work, fetch_model(source, work, **kw)  # type: ignore[arg-type]
+
+
+def test_local_directory_keeps_weights_config_and_tokenizer(tiny_copy: Path, tmp_path: Path) -> None:
+    (tiny_copy / "README.md").write_text("not needed")
+    work, details = _fetch(str(tiny_copy), tmp_path)
+    assert sorted(os.listdir(work)) == sorted(
+        ["chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+         "source.json", "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
+    )
+    source = json.loads((work / "source.json").read_text())
+    assert source["kind"] == "local" and source["revision"].startswith("sha256-")
+    assert details["converted_pickles"] == []
+
+
+def test_content_revision_changes_with_content(tiny_copy: Path) -> None:
+    before = resolve_source(str(tiny_copy), None, DigestCache(None)).revision
+    edit_json(tiny_copy / "config.json", rms_norm_eps=1e-6)
+    assert resolve_source(str(tiny_copy), None, DigestCache(None)).revision != before
+
+
+def _pickle_only(model_dir: Path) -> None:
+    weights = load_file(model_dir / "model.safetensors")
+    torch.save(weights, model_dir / "pytorch_model.bin")
+    (model_dir / "model.safetensors").unlink()
+
+
+def test_pickle_only_is_refused_with_the_fix(tiny_copy: Path, tmp_path: Path) -> None:
+    _pickle_only(tiny_copy)
+    with pytest.raises(InputError, match=r"only pickle weights \(pytorch_model.bin, \.\.\.\).*--allow-pickle"):
+        _fetch(str(tiny_copy), tmp_path)
+
+
+def test_allow_pickle_rewrites_as_safetensors(tiny_copy: Path, tmp_path: Path) -> None:
+    expected = load_file(tiny_copy / "model.safetensors")
+    _pickle_only(tiny_copy)
+    work, details = _fetch(str(tiny_copy), tmp_path, allow_pickle=True)
+    assert details["converted_pickles"] == ["pytorch_model.bin"]
+    assert not list(work.glob("*.bin"))
+    got = load_file(next(work.glob("*.safetensors")))
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+
+
+def test_pickle_with_code_is_not_executed(tiny_copy: Path, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (os.system, (f"touch {canary}",))
+
+    (tiny_copy / "model.safetensors").unlink()
+    torch.save({"x": Payload()}, tiny_copy / "pytorch_model.bin")
+    with pytest.raises(InputError, match="not a weights-only pickle"):
+        _fetch(str(tiny_copy), tmp_path, allow_pickle=True)
+    assert not canary.exists()
+
+
+def test_remote_code_config_is_refused(tiny_copy: Path, tmp_path: Path) -> None:
+    edit_json(tiny_copy / "config.json", auto_map={"AutoModelForCausalLM": "modeling.Evil"})
+    with pytest.raises(InputError, match="never runs repo code"):
+        _fetch(str(tiny_copy), tmp_path)
+
+
+def _hub_cache(tiny: Path, sha: str) -> None:
+    from huggingface_hub import constants
+
+    root = Path(constants.HF_HUB_CACHE) / "models--org--tiny"
+    snap = root / "snapshots" / sha
+    shutil.rmtree(root, ignore_errors=True)
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(sha)
+    for item in tiny.iterdir():
+        shutil.copy2(item, snap / item.name)
+
+
+def test_hub_repo_offline_from_the_local_cache(tiny_llama: Path, tmp_path: Path) -> None:
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    _hub_cache(tiny_llama, sha)
+    source = resolve_source("org/tiny", "main", DigestCache(None))
+    assert source.kind == "hub" and source.revision == sha  # the branch is pinned to its commit
+    work, details = _fetch("org/tiny", tmp_path, revision="main")
+    assert details["commit"] == sha and (work / "model.safetensors").is_file()
+    with pytest.raises(InputError, match="not in the local HF cache and HF_HUB_OFFLINE is set"):
+        resolve_source("org/tiny", "v2", DigestCache(None))
+
+
+@pytest.mark.parametrize(
+    ("model", "needle"),
+    [
+        ("/no/such/model.gguf", "does not exist: check the --model path"),
+        ("not a repo id!", "is not an existing directory, a .gguf file or a hub repo id"),
+    ],
+)
+def test_bad_model_arguments(model: str, needle: str) -> None:
+    with pytest.raises(InputError, match=needle):
+        resolve_source(model, None, DigestCache(None))

@@ -1,0 +1,82 @@
+"""The reference runtime executes TensorRT-LLM checkpoints like transformers runs the HF model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trt_builder.convert import convert_checkpoint
+from trt_builder.quant import FloatMode, WeightOnlyInt8
+from trt_builder.runtime.reference import KVCache, ReferenceModel, weight_only_int8
+
+pytestmark = pytest.mark.integration
+
+IDS = torch.tensor([5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21])
+
+
+def _logits(hf_dir: Path, ids: torch.Tensor = IDS) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids[None]).logits[0]
+
+
+def _run(hf_dir: Path, tmp: Path, mode: object) -> ReferenceModel:
+    tmp.mkdir(parents=True, exist_ok=True)
+    convert_checkpoint(hf_dir, tmp, mode)  # type: ignore[arg-type]
+    return ReferenceModel.load(tmp)
+
+
+def test_float32_matches_transformers(tiny_llama: Path, tmp_path: Path) -> None:
+    got = _run(tiny_llama, tmp_path, FloatMode("float32")).forward(IDS)
+    torch.testing.assert_close(got, _logits(tiny_llama), atol=1e-4, rtol=1e-4)
+
+
+def test_float16_close_to_transformers(tiny_llama: Path, tmp_path: Path) -> None:
+    ref = _logits(tiny_llama)
+    got = _run(tiny_llama, tmp_path, FloatMode("float16")).forward(IDS)
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+def test_llama3_rope_scaling_matches_transformers(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from tiny_models import make_tiny_llama
+
+    rope = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8, "rope_theta": 50000.0}  # fmt: skip
+    make_tiny_llama(tmp_path / "m", tokenizer_dir, rope_parameters=rope)
+    got = _run(tmp_path / "m", tmp_path / "ck", FloatMode("float32")).forward(IDS)
+    torch.testing.assert_close(got, _logits(tmp_path / "m"), atol=1e-4, rtol=1e-4)
+
+
+def test_w8a16_executes_per_channel_int8_weights(tiny_llama: Path, tmp_path: Path) -> None:
+    model = _run(tiny_llama, tmp_path, WeightOnlyInt8())
+    w = model.w["transformer.layers.0.mlp.fc.weight"]
+    used = model._dense["transformer.layers.0.mlp.fc.weight"]
+    scale = (w.float().abs().amax(1, keepdim=True) / 128).half().float()
+    q = used / scale
+    assert torch.allclose(q, q.round(), atol=1e-3) and q.abs().max() <= 128
+    assert not torch.equal(used, w.float())  # the weight really was rounded to INT8
+    # Embeddings, norms and lm_head stay in the model dtype.
+    assert torch.equal(model._dense["lm_head.weight"], model.w["lm_head.weight"].float())
+    assert torch.equal(weight_only_int8(w, torch.float16), used)
+    ref = _logits(tiny_llama)
+    assert (model.forward(IDS).argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+def test_kv_cache_decoding_matches_full_forward(tiny_llama: Path, tmp_path: Path) -> None:
+    model = _run(tiny_llama, tmp_path, FloatMode("float32"))
+    full = model.forward(IDS)
+    cache = KVCache()
+    steps = [model.forward(IDS[:5], cache)[-1]] + [model.forward(IDS[i : i + 1], cache)[-1] for i in range(5, len(IDS))]
+    torch.testing.assert_close(torch.stack(steps), full[4:], atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_matches_transformers_generate(tiny_llama: Path, tmp_path: Path) -> None:
+    model = _run(tiny_llama, tmp_path, FloatMode("float32"))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    prompt = IDS[:6]
+    out = hf.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert model.greedy(prompt.tolist(), 8, set()) == out[0, 6:].tolist()
