@@ -21,18 +21,33 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | No
 
 
 def _common(model: Path, tmp: Path) -> list[str]:
-    return ["--model", str(model), "--out", str(tmp / "engines"), "--triton-root", str(tmp / "triton")]
+    return [
+        "--model",
+        str(model),
+        "--out",
+        str(tmp / "engines"),
+        "--triton-root",
+        str(tmp / "triton"),
+    ]
 
 
 def _statuses(result: dict) -> dict[str, str]:
     return {s["name"]: s["status"] for s in result["stages"]}
 
 
-def test_build_then_rerun_skips_everything(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_build_then_rerun_skips_everything(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["build", *_common(tiny_llama, tmp_path), "--dtype", "float16", "--json"]
     code, result, _ = _cli(capsys, *args)
     assert code == 0 and result is not None and result["ok"]
-    assert _statuses(result) == {"fetch": "ran", "convert": "ran", "verify": "ran", "engine": "skipped", "package": "ran"}
+    assert _statuses(result) == {
+        "fetch": "ran",
+        "convert": "ran",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
     variant = Path(result["variant_dir"])
     assert (variant / "checkpoint" / "rank0.safetensors").is_file()
     report = json.loads((variant / "reports" / "verify.json").read_text())
@@ -46,29 +61,52 @@ def test_build_then_rerun_skips_everything(tiny_llama: Path, tmp_path: Path, cap
     assert manifest["spec"]["dtype"] == "float16" and manifest["source"]["kind"] == "local"
     assert set(manifest["tools"]) >= {"trt-builder", "torch", "transformers"}
     convert = manifest["stages"]["convert"]
-    assert len(convert["key"]) == 64 and set(convert["inputs"]) == {"hf/config.json", "hf/model.safetensors"}
+    assert len(convert["key"]) == 64 and set(convert["inputs"]) == {
+        "hf/config.json",
+        "hf/model.safetensors",
+    }
     assert set(convert["outputs"]) == {"config.json", "rank0.safetensors"}
     assert all(len(d) == 64 for d in convert["outputs"].values())
 
     code, again, _ = _cli(capsys, *args)
     assert code == 0 and again is not None
-    assert _statuses(again) == {"fetch": "cached", "convert": "cached", "verify": "cached", "engine": "skipped", "package": "cached"}
+    assert _statuses(again) == {
+        "fetch": "cached",
+        "convert": "cached",
+        "verify": "cached",
+        "engine": "skipped",
+        "package": "cached",
+    }
 
-    code, changed, _ = _cli(capsys, *args, "--max-batch-size", "4")  # read by engine and package only
-    assert _statuses(changed or {}) == {"fetch": "cached", "convert": "cached", "verify": "cached", "engine": "skipped", "package": "ran"}
+    code, changed, _ = _cli(
+        capsys, *args, "--max-batch-size", "4"
+    )  # read by engine and package only
+    assert _statuses(changed or {}) == {
+        "fetch": "cached",
+        "convert": "cached",
+        "verify": "cached",
+        "engine": "skipped",
+        "package": "ran",
+    }
 
     code, human, err = _cli(capsys, *args[:-1])  # without --json: a summary table on stderr
-    assert code == 0 and human is None and "cached" in err and "trtllm-build --checkpoint_dir" in err
+    assert (
+        code == 0 and human is None and "cached" in err and "trtllm-build --checkpoint_dir" in err
+    )
 
 
-def test_dry_run_writes_nothing(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_writes_nothing(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, result, _ = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--dry-run", "--json")
     assert code == 0 and result is not None and result["dry_run"]
     assert set(_statuses(result).values()) == {"would run"}
     assert not (tmp_path / "engines").exists() and not (tmp_path / "triton").exists()
 
 
-def test_stages_one_at_a_time(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stages_one_at_a_time(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     common = [*_common(tiny_llama, tmp_path), "--dtype", "float32", "--json"]
     code, _, err = _cli(capsys, "convert", *common)
     assert code == 3 and "convert needs" in err and "run the earlier stages" in err
@@ -79,7 +117,9 @@ def test_stages_one_at_a_time(tiny_llama: Path, tmp_path: Path, capsys: pytest.C
     assert code == 0 and set(_statuses(result or {}).values()) == {"cached", "skipped"}
 
 
-def test_verify_gate_failure_exits_6_and_stays_failed(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_gate_failure_exits_6_and_stays_failed(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "strict.toml"
     config.write_text("[verify]\nmin_top1 = 1.0\nmax_kl = 0.0\n")
     args = ["build", *_common(tiny_llama, tmp_path), "--dtype", "bfloat16", "--config", str(config)]
@@ -92,7 +132,9 @@ def test_verify_gate_failure_exits_6_and_stays_failed(tiny_llama: Path, tmp_path
     assert code == 6 and "verify failed" in err
 
 
-def test_standalone_verify_catches_a_wrong_rotary_base(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_standalone_verify_catches_a_wrong_rotary_base(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, result, _ = _cli(capsys, "convert", *_common(tiny_llama, tmp_path), "--json")
     assert code == 3  # nothing fetched yet
     _cli(capsys, "fetch", *_common(tiny_llama, tmp_path))
@@ -103,10 +145,28 @@ def test_standalone_verify_catches_a_wrong_rotary_base(tiny_llama: Path, tmp_pat
 
     shutil.copytree(checkpoint, hf / "ck")
     report = tmp_path / "v.json"
-    code, _, err = _cli(capsys, "verify", "--checkpoint", str(hf / "ck"), "--reference", str(tiny_llama), "--report", str(report))
+    code, _, err = _cli(
+        capsys,
+        "verify",
+        "--checkpoint",
+        str(hf / "ck"),
+        "--reference",
+        str(tiny_llama),
+        "--report",
+        str(report),
+    )
     assert code == 0 and json.loads(report.read_text())["passed"]
     edit_json(hf / "ck" / "config.json", rotary_base=100.0)
-    code, _, err = _cli(capsys, "verify", "--checkpoint", str(hf / "ck"), "--reference", str(tiny_llama), "--report", str(report))
+    code, _, err = _cli(
+        capsys,
+        "verify",
+        "--checkpoint",
+        str(hf / "ck"),
+        "--reference",
+        str(tiny_llama),
+        "--report",
+        str(report),
+    )
     assert code == 6 and "verify failed: top-1 agreement" in err
 
 
@@ -116,28 +176,44 @@ def test_standalone_verify_catches_a_wrong_rotary_base(tiny_llama: Path, tmp_pat
         (["build", "--tp", "0"], 2, "tp must be a positive integer"),
         (["build", "--dtype", "int4"], 2, "Invalid value for '--dtype'"),
         (["build", "--model", "/nowhere/model.gguf"], 3, "does not exist: check the --model path"),
-        (["build", "--model", "nota repo"], 3, "is not an existing directory, a .gguf file or a hub repo id"),
+        (
+            ["build", "--model", "nota repo"],
+            3,
+            "is not an existing directory, a .gguf file or a hub repo id",
+        ),
         (["verify", "--checkpoint", "."], 2, "--checkpoint and --reference go together"),
     ],
 )
-def test_errors_are_one_line_with_exit_codes(args: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_are_one_line_with_exit_codes(
+    args: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     got, _, err = _cli(capsys, *args)
     assert got == code and needle in err and "Traceback" not in err
 
 
-def test_unsupported_architecture_and_debug_traceback(tiny_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unsupported_architecture_and_debug_traceback(
+    tiny_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     edit_json(tiny_copy / "config.json", architectures=["MambaForCausalLM"])
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path))
-    assert code == 4 and "MambaForCausalLM is not supported: supported are LlamaForCausalLM" in err and "Traceback" not in err
+    assert (
+        code == 4
+        and "MambaForCausalLM is not supported: supported are LlamaForCausalLM" in err
+        and "Traceback" not in err
+    )
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path), "--debug")
     assert code == 4 and "Traceback" in err
     code, result, _ = _cli(capsys, "build", *_common(tiny_copy, tmp_path), "--json")
     assert code == 4 and result == {"ok": False, "error": result["error"], "exit_code": 4}  # type: ignore[index]
 
 
-def test_second_build_of_the_same_target_waits_for_the_lock(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_second_build_of_the_same_target_waits_for_the_lock(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, result, _ = _cli(capsys, "fetch", *_common(tiny_llama, tmp_path), "--json")
     variant = Path(result["variant_dir"])  # type: ignore[index]
     with FileLock(str(variant.parent / f".{variant.name}.lock")):
-        code, _, err = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2")
+        code, _, err = _cli(
+            capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2"
+        )
     assert code == 9 and "is being built by" in err and "--lock-timeout" in err

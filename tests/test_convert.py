@@ -27,7 +27,9 @@ def test_llama_names_shapes_and_mapping(tiny_llama: Path, tmp_path: Path) -> Non
     hf = load_file(tiny_llama / "model.safetensors")
     cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
     assert cfg["architecture"] == "LlamaForCausalLM" and cfg["dtype"] == "float16"
-    assert cfg["num_key_value_heads"] == 2 and cfg["head_size"] == 16 and cfg["rotary_scaling"] is None
+    assert (
+        cfg["num_key_value_heads"] == 2 and cfg["head_size"] == 16 and cfg["rotary_scaling"] is None
+    )
     assert cfg["mapping"]["world_size"] == 1 and cfg["quantization"]["quant_algo"] is None
     assert len(out) == 1 + 2 * 7 + 2 and all(t.dtype == torch.float16 for t in out.values())
     layer = "transformer.layers.1"
@@ -35,9 +37,16 @@ def test_llama_names_shapes_and_mapping(tiny_llama: Path, tmp_path: Path) -> Non
     assert torch.equal(out[f"{layer}.attention.qkv.weight"], qkv)
     assert out[f"{layer}.attention.qkv.weight"].shape == ((4 + 2 * 2) * 16, 64)
     # TensorRT-LLM's "fc" is HF gate_proj and its "gate" is HF up_proj.
-    assert torch.equal(out[f"{layer}.mlp.fc.weight"], hf["model.layers.1.mlp.gate_proj.weight"].half())
-    assert torch.equal(out[f"{layer}.mlp.gate.weight"], hf["model.layers.1.mlp.up_proj.weight"].half())
-    assert torch.equal(out[f"{layer}.post_layernorm.weight"], hf["model.layers.1.post_attention_layernorm.weight"].half())
+    assert torch.equal(
+        out[f"{layer}.mlp.fc.weight"], hf["model.layers.1.mlp.gate_proj.weight"].half()
+    )
+    assert torch.equal(
+        out[f"{layer}.mlp.gate.weight"], hf["model.layers.1.mlp.up_proj.weight"].half()
+    )
+    assert torch.equal(
+        out[f"{layer}.post_layernorm.weight"],
+        hf["model.layers.1.post_attention_layernorm.weight"].half(),
+    )
     assert torch.equal(out["lm_head.weight"], hf["lm_head.weight"].half())
 
 
@@ -57,7 +66,11 @@ def test_float_dtypes(tiny_llama: Path, tmp_path: Path, dtype: str) -> None:
 def test_w8a16_writes_model_dtype_weights_and_quant_algo(tiny_llama: Path, tmp_path: Path) -> None:
     out = _convert(tiny_llama, tmp_path / "ck", WeightOnlyInt8())
     cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
-    assert cfg["quantization"] == {"quant_algo": "W8A16", "kv_cache_quant_algo": None, "exclude_modules": None}
+    assert cfg["quantization"] == {
+        "quant_algo": "W8A16",
+        "kv_cache_quant_algo": None,
+        "exclude_modules": None,
+    }
     assert out["transformer.layers.0.mlp.proj.weight"].dtype == torch.float16
     assert not any(n.endswith("per_channel_scale") for n in out)
 
@@ -87,19 +100,27 @@ def test_unmapped_tensor_is_named(tiny_copy: Path, tmp_path: Path) -> None:
     weights = load_file(tiny_copy / "model.safetensors")
     weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
     save_file(weights, str(tiny_copy / "model.safetensors"))
-    with pytest.raises(ConversionError, match=r"e\.g\. model\.layers\.0\.self_attn\.q_norm\.weight"):
+    with pytest.raises(
+        ConversionError, match=r"e\.g\. model\.layers\.0\.self_attn\.q_norm\.weight"
+    ):
         _convert(tiny_copy, tmp_path / "ck")
 
 
 def test_shape_mismatch_and_nan_are_named(tiny_copy: Path, tmp_path: Path) -> None:
     edit_json(tiny_copy / "config.json", intermediate_size=96)
-    with pytest.raises(ConversionError, match=r"transformer\.layers\.0\.mlp\.fc\.weight .* has shape \(128, 64\), the config implies \(96, 64\)"):
+    with pytest.raises(
+        ConversionError,
+        match=r"transformer\.layers\.0\.mlp\.fc\.weight .* has shape \(128, 64\), the config implies \(96, 64\)",
+    ):
         _convert(tiny_copy, tmp_path / "a")
     edit_json(tiny_copy / "config.json", intermediate_size=128)
     weights = load_file(tiny_copy / "model.safetensors")
     weights["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
     save_file(weights, str(tiny_copy / "model.safetensors"))
-    with pytest.raises(ConversionError, match=r"transformer\.layers\.1\.mlp\.proj\.weight \(model\.layers\.1\.mlp\.down_proj\.weight\) contains NaN"):
+    with pytest.raises(
+        ConversionError,
+        match=r"transformer\.layers\.1\.mlp\.proj\.weight \(model\.layers\.1\.mlp\.down_proj\.weight\) contains NaN",
+    ):
         _convert(tiny_copy, tmp_path / "b")
 
 
@@ -110,7 +131,10 @@ def test_missing_tensor_and_unsupported_architecture(tiny_copy: Path, tmp_path: 
     with pytest.raises(ConversionError, match="tensor model.norm.weight is missing"):
         _convert(tiny_copy, tmp_path / "a")
     edit_json(tiny_copy / "config.json", architectures=["FalconForCausalLM"])
-    with pytest.raises(UnsupportedModelError, match="FalconForCausalLM is not supported: supported are LlamaForCausalLM"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match="FalconForCausalLM is not supported: supported are LlamaForCausalLM",
+    ):
         _convert(tiny_copy, tmp_path / "b")
 
 

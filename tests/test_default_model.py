@@ -16,7 +16,13 @@ pytestmark = pytest.mark.integration
 
 def _build(tmp_path: Path) -> dict:
     exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
-    proc = subprocess.run([exe, "build", "--dtype", "int8", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [exe, "build", "--dtype", "int8", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -28,7 +34,9 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
     stages = {s["name"]: s for s in result["stages"]}
     assert [s["status"] for s in result["stages"]] == ["ran", "ran", "ran", "skipped", "ran"]
 
-    variant = tmp_path / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-wo-tp1-pp1"
+    variant = (
+        tmp_path / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-wo-tp1-pp1"
+    )
     config = json.loads((variant / "checkpoint" / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == "W8A16" and config["rotary_base"] == 100000.0
     assert config["num_hidden_layers"] == 30 and config["num_key_value_heads"] == 3
@@ -36,11 +44,24 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
     report = json.loads((variant / "reports" / "verify.json").read_text())
     assert report["passed"] and report["top1"] >= 0.95 and report["kl_mean"] <= 0.02
     chat = [p for p in report["prompts"] if "boiling point" in p["prompt"]]
-    assert chat and "100" in chat[0]["reference_text"]  # a real model answers, so the check means something
+    assert (
+        chat and "100" in chat[0]["reference_text"]
+    )  # a real model answers, so the check means something
 
     repo = tmp_path / "triton_repo" / "smollm2-135m-instruct-int8-wo-tp1-pp1"
-    assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+    assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == [
+        "ensemble",
+        "postprocessing",
+        "preprocessing",
+        "tensorrt_llm",
+    ]
     assert stages["engine"]["details"]["reason"] == "skipped: TensorRT-LLM not installed"
 
     again = _build(tmp_path)
-    assert [s["status"] for s in again["stages"]] == ["cached", "cached", "cached", "skipped", "cached"]
+    assert [s["status"] for s in again["stages"]] == [
+        "cached",
+        "cached",
+        "cached",
+        "skipped",
+        "cached",
+    ]

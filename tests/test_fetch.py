@@ -25,12 +25,21 @@ def _fetch(model: str, tmp_path: Path, **kw: object) -> tuple[Path, dict]:
     return work, fetch_model(source, work, **kw)  # type: ignore[arg-type]
 
 
-def test_local_directory_keeps_weights_config_and_tokenizer(tiny_copy: Path, tmp_path: Path) -> None:
+def test_local_directory_keeps_weights_config_and_tokenizer(
+    tiny_copy: Path, tmp_path: Path
+) -> None:
     (tiny_copy / "README.md").write_text("not needed")
     work, details = _fetch(str(tiny_copy), tmp_path)
     assert sorted(os.listdir(work)) == sorted(
-        ["chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
-         "source.json", "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
+        [
+            "chat_template.jinja",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "source.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]  # fmt: skip
     )
     source = json.loads((work / "source.json").read_text())
     assert source["kind"] == "local" and source["revision"].startswith("sha256-")
@@ -51,7 +60,9 @@ def _pickle_only(model_dir: Path) -> None:
 
 def test_pickle_only_is_refused_with_the_fix(tiny_copy: Path, tmp_path: Path) -> None:
     _pickle_only(tiny_copy)
-    with pytest.raises(InputError, match=r"only pickle weights \(pytorch_model.bin, \.\.\.\).*--allow-pickle"):
+    with pytest.raises(
+        InputError, match=r"only pickle weights \(pytorch_model.bin, \.\.\.\).*--allow-pickle"
+    ):
         _fetch(str(tiny_copy), tmp_path)
 
 

@@ -70,7 +70,9 @@ def test_kv_cache_decoding_matches_full_forward(tiny_llama: Path, tmp_path: Path
     model = _run(tiny_llama, tmp_path, FloatMode("float32"))
     full = model.forward(IDS)
     cache = KVCache()
-    steps = [model.forward(IDS[:5], cache)[-1]] + [model.forward(IDS[i : i + 1], cache)[-1] for i in range(5, len(IDS))]
+    steps = [model.forward(IDS[:5], cache)[-1]] + [
+        model.forward(IDS[i : i + 1], cache)[-1] for i in range(5, len(IDS))
+    ]
     torch.testing.assert_close(torch.stack(steps), full[4:], atol=1e-5, rtol=1e-5)
 
 
@@ -78,5 +80,12 @@ def test_greedy_matches_transformers_generate(tiny_llama: Path, tmp_path: Path) 
     model = _run(tiny_llama, tmp_path, FloatMode("float32"))
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     prompt = IDS[:6]
-    out = hf.generate(prompt[None], attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = hf.generate(
+        prompt[None],
+        attention_mask=torch.ones(1, 6, dtype=torch.long),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     assert model.greedy(prompt.tolist(), 8, set()) == out[0, 6:].tolist()

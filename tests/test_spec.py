@@ -18,7 +18,9 @@ def test_defaults_and_variant() -> None:
 
 def test_toml_then_flags_override(tmp_path: Path) -> None:
     path = tmp_path / "spec.toml"
-    path.write_text('dtype = "bfloat16"\ntp = 1\n[limits]\nmax_batch_size = 4\nmax_seq_len = 512\nmax_input_len = 256\n[verify]\nmax_new_tokens = 4\n')
+    path.write_text(
+        'dtype = "bfloat16"\ntp = 1\n[limits]\nmax_batch_size = 4\nmax_seq_len = 512\nmax_input_len = 256\n[verify]\nmax_new_tokens = 4\n'
+    )
     spec = make_spec(load_toml(path), dtype="float32", **{"limits.max_batch_size": 2})
     assert spec.dtype == "float32"  # the flag wins
     assert spec.limits == BuildLimits(max_batch_size=2, max_input_len=256, max_seq_len=512)
@@ -29,11 +31,19 @@ def test_toml_then_flags_override(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("toml", "flags", "needle"),
     [
-        ({"dtyp": "float16"}, {}, "unknown key(s) dtyp in the build spec: valid keys are model, revision, dtype"),
+        (
+            {"dtyp": "float16"},
+            {},
+            "unknown key(s) dtyp in the build spec: valid keys are model, revision, dtype",
+        ),
         ({"limits": {"max_batch": 3}}, {}, "unknown key(s) max_batch in [limits]"),
         ({}, {"tp": 0}, "tp must be a positive integer"),
         ({}, {"dtype": "int4"}, "use one of float16, bfloat16, float32, int8, int8-wo"),
-        ({"limits": {"max_input_len": 4096, "max_seq_len": 2048}}, {}, "raise max_seq_len or lower max_input_len"),
+        (
+            {"limits": {"max_input_len": 4096, "max_seq_len": 2048}},
+            {},
+            "raise max_seq_len or lower max_input_len",
+        ),
         ({"target_gpu": "GTX1080"}, {}, "unknown target GPU 'GTX1080': use one of"),
         ({"verify": {"min_top1": 95}}, {}, "give a value between 0 and 1"),
         ({"revision": "main; rm -rf /"}, {}, "is not a branch, tag or commit sha"),
@@ -61,6 +71,8 @@ def test_modes_dispatch_by_dtype() -> None:
     assert mode == WeightOnlyInt8() and mode.quant_algo == "W8A16"
     assert notice is not None and "weight-only (W8A16)" in notice
     assert mode_for("int8-wo") == (WeightOnlyInt8(), None)
-    assert BuildSpec(dtype="int8").variant == BuildSpec(dtype="int8-wo").variant == "int8-wo-tp1-pp1"
+    assert (
+        BuildSpec(dtype="int8").variant == BuildSpec(dtype="int8-wo").variant == "int8-wo-tp1-pp1"
+    )
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):
         WeightOnlyInt8(dtype="float32")

@@ -44,7 +44,10 @@ class CopyStage:
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         self.runs += 1
-        text = "".join((ctx.spec.out / r).read_text() if (ctx.spec.out / r).is_file() else "dir" for r in self.reads)
+        text = "".join(
+            (ctx.spec.out / r).read_text() if (ctx.spec.out / r).is_file() else "dir"
+            for r in self.reads
+        )
         (work / "out.txt").write_text(text)
         return {}
 
@@ -52,10 +55,14 @@ class CopyStage:
 def _ctx(root: Path, **spec: Any) -> BuildContext:
     s = BuildSpec(out=root, **spec)
     layout = Layout(root, "m", "r", s.variant, root / "triton")
-    return BuildContext(s, ModelSource("local", str(root), "m", "r"), layout, DigestCache(root / "memo.json"))
+    return BuildContext(
+        s, ModelSource("local", str(root), "m", "r"), layout, DigestCache(root / "memo.json")
+    )
 
 
-def test_key_invalidates_exactly_the_stages_that_read_the_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_invalidates_exactly_the_stages_that_read_the_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a.txt").write_text("A")
     (tmp_path / "b.txt").write_text("B")
     first = CopyStage("first", ["a.txt"], "dtype", "torch")
@@ -73,13 +80,26 @@ def test_key_invalidates_exactly_the_stages_that_read_the_change(tmp_path: Path,
     (tmp_path / "b.txt").write_text("B2")  # an input file changes
     assert build() == ["cached", "ran", "cached"]
 
-    assert build(dtype="bfloat16") == ["ran", "cached", "cached"]  # a spec field: first's output is unchanged ("A")
+    assert build(dtype="bfloat16") == [
+        "ran",
+        "cached",
+        "cached",
+    ]  # a spec field: first's output is unchanged ("A")
     (tmp_path / "a.txt").write_text("A2")
-    assert build(dtype="bfloat16") == ["ran", "cached", "ran"]  # first's output changed, so third reruns
+    assert build(dtype="bfloat16") == [
+        "ran",
+        "cached",
+        "ran",
+    ]  # first's output changed, so third reruns
 
     versions.tool_version.cache_clear()
     real = versions.tool_version
-    monkeypatch.setattr("trt_builder.stages.base.tool_versions", lambda names: {n: ("9.9" if n == "transformers" else real(n)) for n in ("trt-builder", *names)})
+    monkeypatch.setattr(
+        "trt_builder.stages.base.tool_versions",
+        lambda names: {
+            n: ("9.9" if n == "transformers" else real(n)) for n in ("trt-builder", *names)
+        },
+    )
     assert build(dtype="bfloat16") == ["cached", "ran", "cached"]  # a tool version
 
 
@@ -118,8 +138,12 @@ KILLED_STAGE = textwrap.dedent(
 def test_stage_killed_midway_leaves_no_final_dir_and_rerun_succeeds(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("A")
     flag = tmp_path / "flag"
-    script = KILLED_STAGE.format(tests=str(Path(__file__).parent), flag=str(flag), root=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    script = KILLED_STAGE.format(
+        tests=str(Path(__file__).parent), flag=str(flag), root=str(tmp_path)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
     deadline = time.time() + 60
     while not flag.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -127,7 +151,9 @@ def test_stage_killed_midway_leaves_no_final_dir_and_rerun_succeeds(tmp_path: Pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "first").exists()
-    assert any(p.name.startswith(".first.tmp-") for p in tmp_path.iterdir())  # the half-written sibling
+    assert any(
+        p.name.startswith(".first.tmp-") for p in tmp_path.iterdir()
+    )  # the half-written sibling
 
     record = run_stage(CopyStage("first", ["a.txt"], "dtype", "torch"), _ctx(tmp_path))
     assert record.status == "ran"

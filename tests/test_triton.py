@@ -12,7 +12,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trt_builder.errors import PackageError
 from trt_builder.triton.repository import RepositoryOptions, validate_repository, write_repository
 
-OPTS = RepositoryOptions(max_batch_size=4, max_input_len=64, max_beam_width=1, engine_path="/models/x/tensorrt_llm/1/engine")
+OPTS = RepositoryOptions(
+    max_batch_size=4,
+    max_input_len=64,
+    max_beam_width=1,
+    engine_path="/models/x/tensorrt_llm/1/engine",
+)
 
 
 @pytest.fixture
@@ -48,12 +53,37 @@ def _edit(repo: Path, model: str, old: str, new: str) -> None:
 @pytest.mark.parametrize(
     ("model", "old", "new", "needle"),
     [
-        ("ensemble", 'model_name: "postprocessing"', 'model_name: "postprocess"', "step model 'postprocess' is not in the repository"),
+        (
+            "ensemble",
+            'model_name: "postprocessing"',
+            'model_name: "postprocess"',
+            "step model 'postprocess' is not in the repository",
+        ),
         ("ensemble", 'key: "QUERY"', 'key: "PROMPT"', "preprocessing has no input 'PROMPT'"),
-        ("ensemble", 'value: "_TOKENS_BATCH"\n    }\n    output_map', 'value: "_TOKENS"\n    }\n    output_map', "tensor '_TOKENS_BATCH' feeding postprocessing.TOKENS_BATCH is produced by no earlier step"),
-        ("tensorrt_llm", 'name: "input_lengths"\n  data_type: TYPE_INT32', 'name: "input_lengths"\n  data_type: TYPE_INT64', "'_REQUEST_INPUT_LEN' is TYPE_INT32 but tensorrt_llm.input_lengths takes TYPE_INT64"),
-        ("tensorrt_llm", "max_batch_size: 4", "max_batch_size: four", "tensorrt_llm/config.pbtxt does not parse as Triton's ModelConfig"),
-        ("preprocessing", 'name: "preprocessing"', 'name: "pre"', "model preprocessing: config.pbtxt says name 'pre'"),
+        (
+            "ensemble",
+            'value: "_TOKENS_BATCH"\n    }\n    output_map',
+            'value: "_TOKENS"\n    }\n    output_map',
+            "tensor '_TOKENS_BATCH' feeding postprocessing.TOKENS_BATCH is produced by no earlier step",
+        ),
+        (
+            "tensorrt_llm",
+            'name: "input_lengths"\n  data_type: TYPE_INT32',
+            'name: "input_lengths"\n  data_type: TYPE_INT64',
+            "'_REQUEST_INPUT_LEN' is TYPE_INT32 but tensorrt_llm.input_lengths takes TYPE_INT64",
+        ),
+        (
+            "tensorrt_llm",
+            "max_batch_size: 4",
+            "max_batch_size: four",
+            "tensorrt_llm/config.pbtxt does not parse as Triton's ModelConfig",
+        ),
+        (
+            "preprocessing",
+            'name: "preprocessing"',
+            'name: "pre"',
+            "model preprocessing: config.pbtxt says name 'pre'",
+        ),
     ],
 )
 def test_wiring_errors_are_named(repo: Path, model: str, old: str, new: str, needle: str) -> None:
@@ -70,8 +100,15 @@ def test_missing_model_py(repo: Path) -> None:
 
 
 def test_unmapped_required_input(repo: Path) -> None:
-    _edit(repo, "ensemble", 'input_map {\n      key: "input_lengths"\n      value: "_REQUEST_INPUT_LEN"\n    }\n', "")
-    with pytest.raises(PackageError, match="required input 'input_lengths' of tensorrt_llm is not mapped"):
+    _edit(
+        repo,
+        "ensemble",
+        'input_map {\n      key: "input_lengths"\n      value: "_REQUEST_INPUT_LEN"\n    }\n',
+        "",
+    )
+    with pytest.raises(
+        PackageError, match="required input 'input_lengths' of tensorrt_llm is not mapped"
+    ):
         validate_repository(repo)
 
 
@@ -89,20 +126,26 @@ def test_python_models_tokenize_like_the_hf_tokenizer(repo: Path, tokenizer_dir:
     tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
     pre = _module(repo, "preprocessing")
     text = "The quick brown fox — naïve café 1, 2, 3"
-    assert pre.encode_query(tok, text, add_special_tokens=True, max_input_len=64) == tok.encode(text)
+    assert pre.encode_query(tok, text, add_special_tokens=True, max_input_len=64) == tok.encode(
+        text
+    )
     with pytest.raises(ValueError, match="empty prompt"):
         pre.encode_query(tok, "   ", add_special_tokens=True, max_input_len=64)
     with pytest.raises(ValueError, match="the engine accepts at most 64"):
         pre.encode_query(tok, "fox " * 200, add_special_tokens=True, max_input_len=64)
     words = pre.words_to_ids(tok, ["fox", "lazy dog"])
-    flat = tok.encode("fox", add_special_tokens=False) + tok.encode("lazy dog", add_special_tokens=False)
+    flat = tok.encode("fox", add_special_tokens=False) + tok.encode(
+        "lazy dog", add_special_tokens=False
+    )
     assert words.shape == (2, len(flat)) and words[0].tolist() == flat
     assert words[1, 1] == len(flat) and words[1, 2:].tolist() == [-1] * (len(flat) - 2)
 
     post = _module(repo, "postprocessing")
     ids = tok.encode("Photosynthesis is the process")
     tokens = np.array([ids + [0, 0]], dtype=np.int32)
-    assert post.decode_batch(tok, tokens, np.array([len(ids)]), skip_special_tokens=True) == ["Photosynthesis is the process"]
+    assert post.decode_batch(tok, tokens, np.array([len(ids)]), skip_special_tokens=True) == [
+        "Photosynthesis is the process"
+    ]
 
 
 @pytest.mark.triton

@@ -23,9 +23,13 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{hf_dir} has no config.json: pass a Hugging Face model directory") from None
+        raise InputError(
+            f"{hf_dir} has no config.json: pass a Hugging Face model directory"
+        ) from None
     except ValueError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}): re-fetch the model with --force") from None
+        raise InputError(
+            f"{path} is not valid JSON ({exc}): re-fetch the model with --force"
+        ) from None
 
 
 class SafetensorsReader:
@@ -34,13 +38,17 @@ class SafetensorsReader:
     def __init__(self, hf_dir: Path, stack: ExitStack) -> None:
         files = sorted(hf_dir.glob("*.safetensors"))
         if not files:
-            raise InputError(f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats")
+            raise InputError(
+                f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
+            )
         self.where: dict[str, Any] = {}
         for path in files:
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="pt"))
             except Exception as exc:  # safetensors raises its own error types for bad headers
-                raise InputError(f"{path.name} is not a readable safetensors file ({exc}): re-fetch with --force") from None
+                raise InputError(
+                    f"{path.name} is not a readable safetensors file ({exc}): re-fetch with --force"
+                ) from None
             for name in handle.keys():  # noqa: SIM118
                 self.where[name] = handle
 
@@ -77,10 +85,14 @@ def trtllm_config(family: Family, hf_config: dict[str, Any], mode: QuantMode) ->
     return config
 
 
-def convert_checkpoint(hf_dir: Path, out_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1) -> dict[str, Any]:
+def convert_checkpoint(
+    hf_dir: Path, out_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
+) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary."""
     if tp != 1 or pp != 1:
-        raise SpecError("tensor/pipeline-parallel conversion is not implemented yet: build with --tp 1 --pp 1")
+        raise SpecError(
+            "tensor/pipeline-parallel conversion is not implemented yet: build with --tp 1 --pp 1"
+        )
     hf_config = read_hf_config(hf_dir)
     family = family_for(hf_config)
     config = trtllm_config(family, hf_config, mode)

@@ -35,7 +35,9 @@ def find_toolchain() -> Toolchain | None:
     return Toolchain(exe, tool_version("tensorrt-llm"))
 
 
-def build_command(spec: BuildSpec, checkpoint: Path, output: Path, *, executable: str = "trtllm-build") -> list[str]:
+def build_command(
+    spec: BuildSpec, checkpoint: Path, output: Path, *, executable: str = "trtllm-build"
+) -> list[str]:
     """The trtllm-build argv for this spec (flags valid for TensorRT-LLM 0.20 through 1.2)."""
     lim = spec.limits
     return [
@@ -63,9 +65,13 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(argv) + "\n")
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
         except OSError as exc:
-            raise EngineError(f"cannot start {argv[0]} ({exc}): check the TensorRT-LLM installation") from None
+            raise EngineError(
+                f"cannot start {argv[0]} ({exc}): check the TensorRT-LLM installation"
+            ) from None
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -73,7 +79,9 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
                 tail.append(line.rstrip())
                 if time.perf_counter() - start > timeout_s:
                     proc.kill()
-                    raise EngineError(f"trtllm-build ran past {timeout_s:.0f} s and was stopped; see {log_path}")
+                    raise EngineError(
+                        f"trtllm-build ran past {timeout_s:.0f} s and was stopped; see {log_path}"
+                    )
             code = proc.wait()
         finally:
             if proc.poll() is None:
@@ -81,5 +89,7 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
                 proc.wait()
     if code != 0:
         last = " | ".join(tail) or "(no output)"
-        raise EngineError(f"trtllm-build exited with {code}; last lines: {last} (full log: {log_path})")
+        raise EngineError(
+            f"trtllm-build exited with {code}; last lines: {last} (full log: {log_path})"
+        )
     return time.perf_counter() - start

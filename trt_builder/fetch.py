@@ -49,7 +49,9 @@ def check_weight_files(names: list[str], where: str, allow_pickle: bool) -> None
     if pickles and not allow_pickle:
         raise InputError(f"{where} has only pickle weights ({pickles[0]}, ...): {PICKLE_FIX}")
     if not pickles:
-        raise InputError(f"{where} has no weights (*.safetensors): pass a model directory or repo with weights")
+        raise InputError(
+            f"{where} has no weights (*.safetensors): pass a model directory or repo with weights"
+        )
 
 
 def check_config(hf_dir: Path) -> None:
@@ -68,11 +70,15 @@ def pickles_to_safetensors(work: Path) -> list[str]:
     from safetensors.torch import save_file
 
     converted = []
-    for i, path in enumerate(sorted(p for p in work.iterdir() if _matches(p.name, PICKLE_PATTERNS))):
+    for i, path in enumerate(
+        sorted(p for p in work.iterdir() if _matches(p.name, PICKLE_PATTERNS))
+    ):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise InputError(f"{path.name} could not be loaded as plain weights ({exc}): it is not a weights-only pickle") from None
+            raise InputError(
+                f"{path.name} could not be loaded as plain weights ({exc}): it is not a weights-only pickle"
+            ) from None
         state = {k: v.detach().clone().contiguous() for k, v in state.items()}
         save_file(state, str(work / f"model-pickle-{i:05d}.safetensors"), metadata={"format": "pt"})
         path.unlink()
@@ -107,19 +113,33 @@ def fetch_hub(repo_id: str, sha: str, work: Path, allow_pickle: bool) -> dict[st
         else:
             from huggingface_hub import HfApi
 
-            names = sorted(s.rfilename for s in HfApi().model_info(repo_id, revision=sha, files_metadata=False).siblings or [])
-        check_weight_files([n for n in names if "/" not in n], f"{repo_id}@{sha[:12]}", allow_pickle)
+            names = sorted(
+                s.rfilename
+                for s in HfApi().model_info(repo_id, revision=sha, files_metadata=False).siblings
+                or []
+            )
+        check_weight_files(
+            [n for n in names if "/" not in n], f"{repo_id}@{sha[:12]}", allow_pickle
+        )
         patterns = KEEP_PATTERNS + (PICKLE_PATTERNS if allow_pickle else ())
         snap = Path(
-            snapshot_download(repo_id, revision=sha, allow_patterns=list(patterns), local_files_only=hub_offline())
+            snapshot_download(
+                repo_id, revision=sha, allow_patterns=list(patterns), local_files_only=hub_offline()
+            )
         )
     except LocalEntryNotFoundError:
-        raise InputError(f"{repo_id}@{sha[:12]} is not complete in the local HF cache: fetch it once online") from None
+        raise InputError(
+            f"{repo_id}@{sha[:12]} is not complete in the local HF cache: fetch it once online"
+        ) from None
     except OSError as exc:
-        raise InputError(f"download of {repo_id} failed: {exc}; retry, or set HF_HUB_OFFLINE=1 to use the cache") from None
+        raise InputError(
+            f"download of {repo_id} failed: {exc}; retry, or set HF_HUB_OFFLINE=1 to use the cache"
+        ) from None
     kept = sorted(p.name for p in snap.iterdir() if p.is_file() and _matches(p.name, patterns))
     for name in kept:
-        shutil.copyfile((snap / name).resolve(), work / name)  # snapshot entries are symlinks to blobs
+        shutil.copyfile(
+            (snap / name).resolve(), work / name
+        )  # snapshot entries are symlinks to blobs
     check_config(work)
     converted = pickles_to_safetensors(work) if allow_pickle else []
     return {"files": kept, "converted_pickles": converted, "commit": sha}
@@ -137,12 +157,18 @@ def fetch_gguf(path: Path, work: Path) -> dict[str, Any]:
         # transformers' GGUF reader draws its own tqdm bar; keep it off the user's terminal.
         with contextlib.redirect_stderr(io.StringIO()):
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32
+            )
     except (ValueError, OSError, KeyError) as exc:
         raise InputError(f"{path.name} could not be read as a GGUF model ({exc})") from None
     config = model.config
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    state = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
     save_file(state, str(work / "model.safetensors"), metadata={"format": "pt"})
     cfg = config.to_dict()
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "name_or_path"):

@@ -68,7 +68,9 @@ def clean_leftovers(final: Path) -> None:
         return
     for sibling in final.parent.iterdir():
         name = sibling.name
-        if name.startswith(f".{final.name}{TMP_MARK}") or name.startswith(f".{final.name}{OLD_MARK}"):
+        if name.startswith(f".{final.name}{TMP_MARK}") or name.startswith(
+            f".{final.name}{OLD_MARK}"
+        ):
             shutil.rmtree(sibling, ignore_errors=True)
 
 

@@ -38,7 +38,9 @@ def checkpoint_mode(checkpoint: Path) -> str:
     try:
         config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
-        raise InputError(f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory") from None
+        raise InputError(
+            f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
+        ) from None
     algo = (config.get("quantization") or {}).get("quant_algo")
     if algo == "W8A16":
         return "int8-wo"

@@ -29,7 +29,13 @@ from .stages.package import PackageStage
 from .stages.verify import VerifyStage
 from .versions import tool_versions
 
-STAGES: tuple[Stage, ...] = (FetchStage(), ConvertStage(), VerifyStage(), EngineStage(), PackageStage())
+STAGES: tuple[Stage, ...] = (
+    FetchStage(),
+    ConvertStage(),
+    VerifyStage(),
+    EngineStage(),
+    PackageStage(),
+)
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
 Listener = Callable[[str, str, StageRecord | None], None]  # (event, stage name, record)
@@ -84,7 +90,9 @@ def _locked(path: Path, timeout: float) -> Iterator[None]:
             f"{path.parent} is being built by {held_by}: wait for it, or raise --lock-timeout"
         ) from None
     try:
-        owner.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n")
+        owner.write_text(
+            f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n"
+        )
         yield
     finally:
         owner.unlink(missing_ok=True)

@@ -57,10 +57,16 @@ def resolve_source(model: str | None, revision: str | None, digests: DigestCache
         return ModelSource("gguf", str(path.resolve()), path.stem, _content_rev(path, digests))
     if path.is_dir():
         if revision is not None:
-            raise InputError("--revision applies to hub repo ids, not to a local directory: drop it")
-        return ModelSource("local", str(path.resolve()), path.resolve().name, _content_rev(path, digests))
+            raise InputError(
+                "--revision applies to hub repo ids, not to a local directory: drop it"
+            )
+        return ModelSource(
+            "local", str(path.resolve()), path.resolve().name, _content_rev(path, digests)
+        )
     if path.exists():
-        raise InputError(f"{path} is neither a directory nor a .gguf file: pass a model directory, a .gguf file or a repo id")
+        raise InputError(
+            f"{path} is neither a directory nor a .gguf file: pass a model directory, a .gguf file or a repo id"
+        )
     if not _REPO_ID.match(model):
         raise InputError(
             f"--model {model!r} is not an existing directory, a .gguf file or a hub repo id like org/name"
@@ -90,19 +96,29 @@ def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
         return rev
     try:
         if hub_offline():
-            snap = snapshot_download(repo_id, revision=rev, local_files_only=True, allow_patterns=["config.json"])
+            snap = snapshot_download(
+                repo_id, revision=rev, local_files_only=True, allow_patterns=["config.json"]
+            )
             return Path(snap).name
         sha = HfApi().model_info(repo_id, revision=rev).sha
     except RepositoryNotFoundError:
-        raise InputError(f"hub repo {repo_id!r} not found (or private): check the id or log in with `hf auth login`") from None
+        raise InputError(
+            f"hub repo {repo_id!r} not found (or private): check the id or log in with `hf auth login`"
+        ) from None
     except RevisionNotFoundError:
-        raise InputError(f"revision {rev!r} not found in {repo_id}: pass an existing branch, tag or commit sha") from None
+        raise InputError(
+            f"revision {rev!r} not found in {repo_id}: pass an existing branch, tag or commit sha"
+        ) from None
     except LocalEntryNotFoundError:
         raise InputError(
             f"{repo_id}@{rev} is not in the local HF cache and HF_HUB_OFFLINE is set: fetch it once online, or pass a local directory"
         ) from None
     except OSError as exc:
-        raise InputError(f"cannot reach the hub for {repo_id}: {exc}; set HF_HUB_OFFLINE=1 to use the local cache") from None
+        raise InputError(
+            f"cannot reach the hub for {repo_id}: {exc}; set HF_HUB_OFFLINE=1 to use the local cache"
+        ) from None
     if not sha:
-        raise InputError(f"the hub returned no commit for {repo_id}@{rev}: pass a commit sha with --revision")
+        raise InputError(
+            f"the hub returned no commit for {repo_id}@{rev}: pass a commit sha with --revision"
+        )
     return sha

@@ -82,15 +82,15 @@ class BuildSpec:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
-            raise SpecError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPE_CHOICES)}")
+            raise SpecError(
+                f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPE_CHOICES)}"
+            )
         for name in ("tp", "pp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name} must be a positive integer, got {value!r}")
         if self.target_gpu not in GPUS:
-            raise SpecError(
-                f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}"
-            )
+            raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
 

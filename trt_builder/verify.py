@@ -18,7 +18,9 @@ def pick_device(choice: str) -> str:
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
-        raise InputError("verify device cuda was asked for but torch sees no CUDA GPU: use --device cpu")
+        raise InputError(
+            "verify device cuda was asked for but torch sees no CUDA GPU: use --device cpu"
+        )
     return choice
 
 
@@ -52,7 +54,13 @@ def _kl(ref_logits: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
 
 
 def compare(
-    reference: Any, candidate: Any, tokenizer: Any, stop: set[int], *, max_new_tokens: int, device: str
+    reference: Any,
+    candidate: Any,
+    tokenizer: Any,
+    stop: set[int],
+    *,
+    max_new_tokens: int,
+    device: str,
 ) -> dict[str, Any]:
     """Teacher-forced and greedy comparison of candidate with reference over the prompt set."""
     per_prompt = []
@@ -68,7 +76,10 @@ def compare(
         kl = _kl(ref_logits, cand_logits)
         hits = (ref_logits.argmax(-1) == cand_logits.argmax(-1)).sum().item()
         cand_cont = candidate.greedy(ids, max_new_tokens, stop)
-        same = next((i for i, (a, b) in enumerate(zip(ref_cont, cand_cont, strict=False)) if a != b), min(len(ref_cont), len(cand_cont)))
+        same = next(
+            (i for i, (a, b) in enumerate(zip(ref_cont, cand_cont, strict=False)) if a != b),
+            min(len(ref_cont), len(cand_cont)),
+        )
         per_prompt.append(
             {
                 "prompt": text[:80],
@@ -80,7 +91,9 @@ def compare(
                 "greedy_tokens": len(ref_cont),
                 "reference_text": tokenizer.decode(ref_cont),
                 "candidate_text": tokenizer.decode(cand_cont),
-                "candidate_empty": len(cand_cont) == 0 or cand_cont[0] in stop and ref_cont[:1] != cand_cont[:1],
+                "candidate_empty": len(cand_cont) == 0
+                or cand_cont[0] in stop
+                and ref_cont[:1] != cand_cont[:1],
             }
         )
         agree += hits
@@ -92,13 +105,16 @@ def compare(
         "top1": agree / total,
         "kl_mean": kl_sum / total,
         "max_abs_logit_error": max_err,
-        "greedy_agreement": sum(p["greedy_match_tokens"] for p in per_prompt) / max(greedy_tokens, 1),
+        "greedy_agreement": sum(p["greedy_match_tokens"] for p in per_prompt)
+        / max(greedy_tokens, 1),
         "tokens": total,
         "prompts": per_prompt,
     }
 
 
-def hf_greedy(model: Any, ids: list[int], max_new_tokens: int, stop: set[int], device: str) -> list[int]:
+def hf_greedy(
+    model: Any, ids: list[int], max_new_tokens: int, stop: set[int], device: str
+) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([ids], device=device),
@@ -128,13 +144,22 @@ def verify_checkpoint(
     hf_logging.disable_progress_bar()
     device = pick_device(device)
     if not (reference_dir / "config.json").is_file():
-        raise InputError(f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory")
+        raise InputError(
+            f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory"
+        )
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(reference_dir)
-    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).to(device).eval()
+    reference = (
+        AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).to(device).eval()
+    )
     candidate = ReferenceModel.load(checkpoint, device=device)
     metrics = compare(
-        reference, candidate, tokenizer, end_ids(reference_dir, tokenizer), max_new_tokens=max_new_tokens, device=device
+        reference,
+        candidate,
+        tokenizer,
+        end_ids(reference_dir, tokenizer),
+        max_new_tokens=max_new_tokens,
+        device=device,
     )
     failures = []
     if metrics["top1"] < gate.min_top1:
@@ -158,4 +183,3 @@ def verify_checkpoint(
         "seconds": round(time.perf_counter() - start, 2),
         **{k: v for k, v in metrics.items()},
     }
-

@@ -20,23 +20,38 @@ from .render import StageProgress, summary
 
 err = Console(stderr=True, highlight=False)
 
-EPILOG_EXIT = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+EPILOG_EXIT = "\b\nExit codes:\n" + "\n".join(
+    f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()
+)
 
 
 def _spec_from(kwargs: dict[str, Any]) -> Any:
     config = kwargs.pop("config", None)
     toml = load_toml(config) if config else None
-    return make_spec(toml, **{key: kwargs.pop(param, None) for param, key in options.SPEC_KEYS.items()})
+    return make_spec(
+        toml, **{key: kwargs.pop(param, None) for param, key in options.SPEC_KEYS.items()}
+    )
 
 
 def _run(stages: tuple[str, ...], kwargs: dict[str, Any]) -> None:
     as_json = kwargs.pop("as_json")
     kwargs.pop("debug")
-    force, dry_run, lock_timeout = kwargs.pop("force"), kwargs.pop("dry_run"), kwargs.pop("lock_timeout")
+    force, dry_run, lock_timeout = (
+        kwargs.pop("force"),
+        kwargs.pop("dry_run"),
+        kwargs.pop("lock_timeout"),
+    )
     spec = _spec_from(kwargs)
     progress = None if as_json else StageProgress(err)
     try:
-        result = run(spec, only=stages, force=force, dry_run=dry_run, lock_timeout=lock_timeout, listener=progress)
+        result = run(
+            spec,
+            only=stages,
+            force=force,
+            dry_run=dry_run,
+            lock_timeout=lock_timeout,
+            listener=progress,
+        )
     except VerifyFailed as failure:
         partial: BuildResult | None = getattr(failure, "result", None)
         if partial is not None:
@@ -52,7 +67,10 @@ def _report(result: BuildResult, as_json: bool, *, ok: bool) -> None:
         summary(err, result)
 
 
-@click.group(epilog=EPILOG_EXIT, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    epilog=EPILOG_EXIT,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="trt-builder")
 def cli() -> None:
     """Build TensorRT-LLM checkpoints, engines and Triton repositories from Hugging Face models,
@@ -73,24 +91,56 @@ def _stage_command(name: str, stages: tuple[str, ...], help_text: str, example: 
     cli.command(name, epilog=EPILOG_EXIT)(command)
 
 
-_stage_command("build", ("fetch", "convert", "verify", "engine", "package"),
-               "Run every stage: fetch, convert, verify, engine, package.", "trt-builder build --dtype int8")
-_stage_command("fetch", ("fetch",), "Fetch the model into engines/<model>/<revision>/hf.",
-               "trt-builder fetch --model HuggingFaceTB/SmolLM2-135M-Instruct --revision main")
-_stage_command("convert", ("convert",), "Convert the fetched model to a TensorRT-LLM checkpoint.",
-               "trt-builder convert --dtype bfloat16")
-_stage_command("engine", ("engine",), "Build the engine with trtllm-build (or print the command where TensorRT-LLM is absent).",
-               "trt-builder engine --dtype float16 --require-engine")
+_stage_command(
+    "build",
+    ("fetch", "convert", "verify", "engine", "package"),
+    "Run every stage: fetch, convert, verify, engine, package.",
+    "trt-builder build --dtype int8",
+)
+_stage_command(
+    "fetch",
+    ("fetch",),
+    "Fetch the model into engines/<model>/<revision>/hf.",
+    "trt-builder fetch --model HuggingFaceTB/SmolLM2-135M-Instruct --revision main",
+)
+_stage_command(
+    "convert",
+    ("convert",),
+    "Convert the fetched model to a TensorRT-LLM checkpoint.",
+    "trt-builder convert --dtype bfloat16",
+)
+_stage_command(
+    "engine",
+    ("engine",),
+    "Build the engine with trtllm-build (or print the command where TensorRT-LLM is absent).",
+    "trt-builder engine --dtype float16 --require-engine",
+)
 _stage_command("package", ("package",), "Write the Triton model repository and validate it.",
                "trt-builder package --dtype float16")  # fmt: skip
 
 
 @cli.command("verify", epilog=EPILOG_EXIT)
 @options.apply(options.SPEC_OPTIONS, options.RUN_OPTIONS, options.OUTPUT_OPTIONS)
-@click.option("--checkpoint", type=click.Path(path_type=Path, exists=True, file_okay=False), help="A TensorRT-LLM checkpoint directory to verify on its own.")
-@click.option("--reference", type=click.Path(path_type=Path, exists=True, file_okay=False), help="The HF model directory to compare --checkpoint with.")
-@click.option("--report", type=click.Path(path_type=Path), default=Path("verify.json"), show_default=True, help="Where --checkpoint mode writes its report.")
-def verify_command(checkpoint: Path | None, reference: Path | None, report: Path, **kwargs: Any) -> None:
+@click.option(
+    "--checkpoint",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A TensorRT-LLM checkpoint directory to verify on its own.",
+)
+@click.option(
+    "--reference",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="The HF model directory to compare --checkpoint with.",
+)
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    default=Path("verify.json"),
+    show_default=True,
+    help="Where --checkpoint mode writes its report.",
+)
+def verify_command(
+    checkpoint: Path | None, reference: Path | None, report: Path, **kwargs: Any
+) -> None:
     """Compare the converted model with transformers; non-zero exit when a gate fails.
 
     \b
@@ -102,11 +152,15 @@ def verify_command(checkpoint: Path | None, reference: Path | None, report: Path
         _run(("verify",), kwargs)
         return
     if checkpoint is None or reference is None:
-        raise click.UsageError("--checkpoint and --reference go together: give both, or neither to verify a build")
+        raise click.UsageError(
+            "--checkpoint and --reference go together: give both, or neither to verify a build"
+        )
     _verify_dirs(checkpoint, reference, report, kwargs)
 
 
-def _verify_dirs(checkpoint: Path, reference: Path, report_path: Path, kwargs: dict[str, Any]) -> None:
+def _verify_dirs(
+    checkpoint: Path, reference: Path, report_path: Path, kwargs: dict[str, Any]
+) -> None:
     from ..fsio import write_json
     from ..gates import DEFAULT_GATES, Gate, checkpoint_mode
     from ..verify import verify_checkpoint
@@ -115,7 +169,13 @@ def _verify_dirs(checkpoint: Path, reference: Path, report_path: Path, kwargs: d
     mode = checkpoint_mode(checkpoint)
     gate = DEFAULT_GATES[mode]
     gate = Gate(spec.verify.min_top1 or gate.min_top1, spec.verify.max_kl or gate.max_kl)
-    report = verify_checkpoint(checkpoint, reference, gate=gate, max_new_tokens=spec.verify.max_new_tokens, device=spec.verify.device)
+    report = verify_checkpoint(
+        checkpoint,
+        reference,
+        gate=gate,
+        max_new_tokens=spec.verify.max_new_tokens,
+        device=spec.verify.device,
+    )
     write_json(report_path, report)
     if kwargs.get("as_json"):
         click.echo(json.dumps(report, indent=2, default=str))
@@ -124,7 +184,9 @@ def _verify_dirs(checkpoint: Path, reference: Path, report_path: Path, kwargs: d
         err.print(f"verify {verdict} ({mode}): top-1 {report['top1']:.4f}, KL {report['kl_mean']:.2e}, "
                   f"greedy {report['greedy_agreement']:.2f}; report: {report_path}")  # fmt: skip
     if not report["passed"]:
-        raise VerifyFailed(f"verify failed: {'; '.join(report['failures'])} (report: {report_path})")
+        raise VerifyFailed(
+            f"verify failed: {'; '.join(report['failures'])} (report: {report_path})"
+        )
 
 
 @cli.command("models")
@@ -171,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the one place an unexpected error becomes a message
         if debug:
             traceback.print_exc()
-        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc} (rerun with --debug and report it)", soft_wrap=True)
+        err.print(
+            f"[red]internal error:[/] {type(exc).__name__}: {exc} (rerun with --debug and report it)",
+            soft_wrap=True,
+        )
         return 1
 
 

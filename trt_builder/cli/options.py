@@ -14,27 +14,73 @@ from ..quant import DTYPE_CHOICES
 F = Callable[..., Any]
 
 SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
-    click.option("--config", "config", type=click.Path(path_type=Path), help="TOML build spec; flags override it."),
-    click.option("--model", help="HF repo id (org/name), a local model directory or a .gguf file. Default: the embedded SmolLM2-135M-Instruct."),
-    click.option("--revision", help="Hub branch, tag or commit (resolved to a commit sha and recorded)."),
-    click.option("--dtype", type=click.Choice(DTYPE_CHOICES), help="Precision: float16 (default), bfloat16, float32, int8, int8-wo."),
+    click.option(
+        "--config",
+        "config",
+        type=click.Path(path_type=Path),
+        help="TOML build spec; flags override it.",
+    ),
+    click.option(
+        "--model",
+        help="HF repo id (org/name), a local model directory or a .gguf file. Default: the embedded SmolLM2-135M-Instruct.",
+    ),
+    click.option(
+        "--revision", help="Hub branch, tag or commit (resolved to a commit sha and recorded)."
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(DTYPE_CHOICES),
+        help="Precision: float16 (default), bfloat16, float32, int8, int8-wo.",
+    ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),
-    click.option("--out", type=click.Path(path_type=Path), help="Engines root (default ./engines)."),
-    click.option("--triton-root", type=click.Path(path_type=Path), help="Triton repositories root (default ./triton_repo)."),
-    click.option("--target-gpu", type=click.Choice(sorted(GPUS)), help="GPU the engine is built for (default H100-80GB)."),
+    click.option(
+        "--out", type=click.Path(path_type=Path), help="Engines root (default ./engines)."
+    ),
+    click.option(
+        "--triton-root",
+        type=click.Path(path_type=Path),
+        help="Triton repositories root (default ./triton_repo).",
+    ),
+    click.option(
+        "--target-gpu",
+        type=click.Choice(sorted(GPUS)),
+        help="GPU the engine is built for (default H100-80GB).",
+    ),
     click.option("--max-batch-size", type=int, help="Engine limit (default 8)."),
     click.option("--max-input-len", type=int, help="Engine limit (default 1024)."),
     click.option("--max-seq-len", type=int, help="Engine limit (default 2048)."),
-    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where verify runs (default auto)."),
-    click.option("--allow-pickle", is_flag=True, default=None, help="Accept pickle (*.bin) weights, loaded with weights_only=True."),
-    click.option("--require-engine", is_flag=True, default=None, help="Fail when TensorRT-LLM is not installed instead of skipping the engine."),
+    click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        help="Where verify runs (default auto).",
+    ),
+    click.option(
+        "--allow-pickle",
+        is_flag=True,
+        default=None,
+        help="Accept pickle (*.bin) weights, loaded with weights_only=True.",
+    ),
+    click.option(
+        "--require-engine",
+        is_flag=True,
+        default=None,
+        help="Fail when TensorRT-LLM is not installed instead of skipping the engine.",
+    ),
 )
 
 RUN_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option("--force", is_flag=True, help="Rerun stages even when their cache key matches."),
-    click.option("--dry-run", is_flag=True, help="Show what would run (keys, cached or not) and do nothing."),
-    click.option("--lock-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for another build of the same target."),
+    click.option(
+        "--dry-run", is_flag=True, help="Show what would run (keys, cached or not) and do nothing."
+    ),
+    click.option(
+        "--lock-timeout",
+        type=float,
+        default=600.0,
+        show_default=True,
+        help="Seconds to wait for another build of the same target.",
+    ),
 )
 
 OUTPUT_OPTIONS: tuple[Callable[[F], F], ...] = (

@@ -11,7 +11,14 @@ from rich.table import Table
 from ..pipeline import BuildResult
 from ..stages.base import StageRecord
 
-STYLE = {"ran": "green", "cached": "cyan", "skipped": "yellow", "failed": "red", "cached-failed": "red", "would run": "magenta"}
+STYLE = {
+    "ran": "green",
+    "cached": "cyan",
+    "skipped": "yellow",
+    "failed": "red",
+    "cached-failed": "red",
+    "would run": "magenta",
+}
 
 
 class StageProgress:
@@ -30,7 +37,9 @@ class StageProgress:
             self.status.stop()
         assert record is not None
         style = STYLE.get(record.status, "white")
-        self.console.print(f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {detail(record)}")
+        self.console.print(
+            f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {detail(record)}"
+        )
 
 
 def detail(record: StageRecord) -> str:
@@ -48,18 +57,24 @@ def detail(record: StageRecord) -> str:
 
 
 def summary(console: Console, result: BuildResult) -> None:
-    table = Table(title=f"{result.layout.model} @ {result.layout.revision[:19]} · {result.layout.variant}")
+    table = Table(
+        title=f"{result.layout.model} @ {result.layout.revision[:19]} · {result.layout.variant}"
+    )
     for col in ("stage", "status", "seconds", "detail"):
         table.add_column(col)
     for record in result.records:
         style = STYLE.get(record.status, "white")
-        table.add_row(record.name, f"[{style}]{record.status}[/]", f"{record.seconds:.2f}", detail(record))
+        table.add_row(
+            record.name, f"[{style}]{record.status}[/]", f"{record.seconds:.2f}", detail(record)
+        )
     console.print(table)
     for notice in result.notices:
         console.print(f"[yellow]note:[/] {notice}")
     engine = next((r for r in result.records if r.name == "engine"), None)
     if engine and engine.status == "skipped" and "command" in engine.details:
-        console.print("[yellow]engine skipped:[/] TensorRT-LLM is not installed here. On a GPU host with TensorRT-LLM (e.g. the NGC container) run:")
+        console.print(
+            "[yellow]engine skipped:[/] TensorRT-LLM is not installed here. On a GPU host with TensorRT-LLM (e.g. the NGC container) run:"
+        )
         console.print(engine.details["command"], markup=False, highlight=False, soft_wrap=True)
     if not result.dry_run:
         console.print(f"manifest: {result.layout.manifest}")

@@ -30,14 +30,18 @@ def rope_settings(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rotary_base, rotary_scaling) from a transformers 4 or 5 config."""
     params = cfg.get("rope_parameters") or {}
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    scaling = cfg.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    scaling = cfg.get("rope_scaling") or (
+        params if params.get("rope_type", "default") != "default" else None
+    )
     if not scaling:
         return theta, None
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return theta, None
     if kind not in SUPPORTED_ROPE:
-        raise ConversionError(f"rope type {kind!r} is not supported yet: supported are {', '.join(SUPPORTED_ROPE)}")
+        raise ConversionError(
+            f"rope type {kind!r} is not supported yet: supported are {', '.join(SUPPORTED_ROPE)}"
+        )
     out = {k: v for k, v in scaling.items() if k not in ("rope_theta", "rope_type", "type")}
     # TensorRT-LLM reads the kind from "type"; keep HF's "rope_type" too for readers of either.
     return theta, {"type": kind, "rope_type": kind, **out}
@@ -58,7 +62,9 @@ def _dims(cfg: dict[str, Any]) -> dict[str, int]:
 
 def llama_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise ConversionError("Llama checkpoints with attention_bias or mlp_bias are not supported yet")
+        raise ConversionError(
+            "Llama checkpoints with attention_bias or mlp_bias are not supported yet"
+        )
     d = _dims(cfg)
     rotary_base, rotary_scaling = rope_settings(cfg)
     return {
@@ -94,15 +100,25 @@ def llama_tensors(cfg: dict[str, Any]) -> Iterator[TensorRule]:
         "mlp.gate.weight": (d["inter"], d["hidden"]),
         "mlp.proj.weight": (d["hidden"], d["inter"]),
     }
-    yield TensorRule("transformer.vocab_embedding.weight", ("model.embed_tokens.weight",), "embedding", (d["vocab"], d["hidden"]))
+    yield TensorRule(
+        "transformer.vocab_embedding.weight",
+        ("model.embed_tokens.weight",),
+        "embedding",
+        (d["vocab"], d["hidden"]),
+    )
     for i in range(d["layers"]):
         for name, sources, kind in LAYER_TABLE:
             shape = shapes.get(kind) or shapes[name]
             yield TensorRule(
-                f"transformer.layers.{i}.{name}", tuple(f"model.layers.{i}.{s}" for s in sources), kind, shape
+                f"transformer.layers.{i}.{name}",
+                tuple(f"model.layers.{i}.{s}" for s in sources),
+                kind,
+                shape,
             )
     yield TensorRule("transformer.ln_f.weight", ("model.norm.weight",), "norm", (d["hidden"],))
-    head_source = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
+    head_source = (
+        "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
+    )
     yield TensorRule("lm_head.weight", (head_source,), "lm_head", (d["vocab"], d["hidden"]))
 
 

@@ -52,7 +52,12 @@ WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight",
 def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """What the W8A16 engine multiplies by: per-output-channel INT8, scale = amax/128 in `dtype`."""
     w = weight.float()
-    scale = (w.abs().amax(dim=1, keepdim=True) / 128.0).to(dtype).float().clamp(min=torch.finfo(dtype).tiny)
+    scale = (
+        (w.abs().amax(dim=1, keepdim=True) / 128.0)
+        .to(dtype)
+        .float()
+        .clamp(min=torch.finfo(dtype).tiny)
+    )
     return torch.clamp(torch.round(w / scale), -128, 127) * scale
 
 
@@ -76,7 +81,9 @@ class KVCache:
 class ReferenceModel:
     """Executes a Llama-family TensorRT-LLM checkpoint (TP=1, PP=1)."""
 
-    def __init__(self, config: dict[str, Any], weights: dict[str, torch.Tensor], device: str = "cpu") -> None:
+    def __init__(
+        self, config: dict[str, Any], weights: dict[str, torch.Tensor], device: str = "cpu"
+    ) -> None:
         self.config = config
         self.device = device
         self.dtype = _DTYPES[config["dtype"]]
@@ -97,13 +104,19 @@ class ReferenceModel:
     def load(cls, checkpoint: Path, device: str = "cpu") -> ReferenceModel:
         cfg_path = checkpoint / "config.json"
         if not cfg_path.is_file():
-            raise InputError(f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory")
+            raise InputError(
+                f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory"
+            )
         config = json.loads(cfg_path.read_text())
         mapping = config.get("mapping") or {}
         if mapping.get("world_size", 1) != 1:
-            raise InputError("the reference runtime runs TP=1, PP=1 checkpoints only: convert with --tp 1 --pp 1")
+            raise InputError(
+                "the reference runtime runs TP=1, PP=1 checkpoints only: convert with --tp 1 --pp 1"
+            )
         if config.get("architecture") != "LlamaForCausalLM":
-            raise InputError(f"the reference runtime does not run {config.get('architecture')!r} checkpoints yet")
+            raise InputError(
+                f"the reference runtime does not run {config.get('architecture')!r} checkpoints yet"
+            )
         weights: dict[str, torch.Tensor] = {}
         with safe_open(str(checkpoint / "rank0.safetensors"), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118  (safe_open is not a mapping)
@@ -115,7 +128,9 @@ class ReferenceModel:
         """A weight as float32 [out, in], INT8-rounded where the engine quantizes it."""
         w = self.w[name]
         if w.dtype == torch.int8:
-            raise InputError(f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder")
+            raise InputError(
+                f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"
+            )
         if self.quant_algo == "W8A16" and name.endswith(WEIGHT_ONLY_LINEARS):
             return weight_only_int8(w, self.dtype)
         return w.float()
@@ -139,7 +154,9 @@ class ReferenceModel:
         out = xr * emb.cos() + _rotate_half(xr) * emb.sin()
         return torch.cat((out, xp), dim=-1)
 
-    def _attention(self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
+    def _attention(
+        self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
         p = f"transformer.layers.{i}.attention"
         qkv = self._linear(h, f"{p}.qkv")
         t = h.shape[0]
@@ -159,7 +176,9 @@ class ReferenceModel:
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
         past = k.shape[1] - t
         mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=h.device).tril(diagonal=past)
-        attn = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None])[0]
+        attn = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=mask[None, None]
+        )[0]
         attn = self._round(attn.transpose(0, 1).reshape(t, q_dim))
         return self._linear(attn, f"{p}.dense")
 
@@ -178,7 +197,9 @@ class ReferenceModel:
         x = self._round(x)
         for i in range(self.layers):
             lp = f"transformer.layers.{i}"
-            x = self._round(x + self._attention(i, self._rmsnorm(x, f"{lp}.input_layernorm"), cache, positions))
+            x = self._round(
+                x + self._attention(i, self._rmsnorm(x, f"{lp}.input_layernorm"), cache, positions)
+            )
             x = self._round(x + self._mlp(i, self._rmsnorm(x, f"{lp}.post_layernorm")))
         x = self._rmsnorm(x, "transformer.ln_f")
         return (x @ self._dense["lm_head.weight"].T).float()

@@ -79,9 +79,17 @@ def digest_inputs(ctx: BuildContext, inputs: dict[str, Path]) -> dict[str, str]:
     return {label: ctx.digests.digest(path, exclude=(MARKER,)) for label, path in inputs.items()}
 
 
-def stage_key(stage: Stage, inputs: dict[str, str], params: dict[str, Any], tools: dict[str, str]) -> str:
+def stage_key(
+    stage: Stage, inputs: dict[str, str], params: dict[str, Any], tools: dict[str, str]
+) -> str:
     return sha256_json(
-        {"stage": stage.name, "version": stage.version, "inputs": inputs, "params": params, "tools": tools}
+        {
+            "stage": stage.name,
+            "version": stage.version,
+            "inputs": inputs,
+            "params": params,
+            "tools": tools,
+        }
     )
 
 

@@ -18,7 +18,10 @@ class ConvertStage:
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         hf = ctx.layout.hf  # config and weights only: a tokenizer change does not reconvert
-        return {"hf/config.json": hf / "config.json", **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))}}
+        return {
+            "hf/config.json": hf / "config.json",
+            **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))},
+        }
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}
@@ -26,4 +29,6 @@ class ConvertStage:
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         from ..convert import convert_checkpoint  # torch: only when it runs
 
-        return convert_checkpoint(ctx.layout.hf, work, ctx.spec.mode, tp=ctx.spec.tp, pp=ctx.spec.pp)
+        return convert_checkpoint(
+            ctx.layout.hf, work, ctx.spec.mode, tp=ctx.spec.tp, pp=ctx.spec.pp
+        )

@@ -34,16 +34,24 @@ class EngineStage:
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         toolchain = find_toolchain()
-        command = shlex.join(build_command(ctx.spec, ctx.layout.checkpoint.resolve(), ctx.layout.engine.resolve()))
+        command = shlex.join(
+            build_command(ctx.spec, ctx.layout.checkpoint.resolve(), ctx.layout.engine.resolve())
+        )
         if toolchain is None:
             if ctx.spec.require_engine:
-                raise EngineError(f"{NOT_INSTALLED} and --require-engine is set: run on a GPU host with TensorRT-LLM: {command}")
+                raise EngineError(
+                    f"{NOT_INSTALLED} and --require-engine is set: run on a GPU host with TensorRT-LLM: {command}"
+                )
             raise StageSkipped(f"skipped: {NOT_INSTALLED}", {"command": command})
-        argv = build_command(ctx.spec, ctx.layout.checkpoint.resolve(), work, executable=toolchain.executable)
+        argv = build_command(
+            ctx.spec, ctx.layout.checkpoint.resolve(), work, executable=toolchain.executable
+        )
         log = ctx.layout.variant_dir / "engine-build.log"
         seconds = run_build(argv, log)
         if not list(work.glob("rank*.engine")):
-            raise EngineError(f"trtllm-build finished but wrote no rank*.engine into the output; see {log}")
+            raise EngineError(
+                f"trtllm-build finished but wrote no rank*.engine into the output; see {log}"
+            )
         return {
             "command": command,
             "executable": toolchain.executable,

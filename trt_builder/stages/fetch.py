@@ -12,7 +12,13 @@ from .base import BuildContext
 class FetchStage:
     name: ClassVar[str] = "fetch"
     version: ClassVar[int] = 1
-    tools: ClassVar[tuple[str, ...]] = ("torch", "transformers", "gguf", "safetensors", "huggingface-hub")
+    tools: ClassVar[tuple[str, ...]] = (
+        "torch",
+        "transformers",
+        "gguf",
+        "safetensors",
+        "huggingface-hub",
+    )
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.hf

@@ -36,7 +36,9 @@ class PackageStage:
         return engine if (engine / "rank0.engine").is_file() else None
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        found = {f"hf/{n}": ctx.layout.hf / n for n in TOKENIZER_FILES if (ctx.layout.hf / n).is_file()}
+        found = {
+            f"hf/{n}": ctx.layout.hf / n for n in TOKENIZER_FILES if (ctx.layout.hf / n).is_file()
+        }
         found["checkpoint/config.json"] = ctx.layout.checkpoint / "config.json"
         engine = self._engine(ctx)
         if engine is not None:

@@ -50,5 +50,8 @@ class VerifyStage:
             device=ctx.spec.verify.device,
         )
         write_json(work / "verify.json", report)
-        summary = {k: report[k] for k in ("passed", "failures", "top1", "kl_mean", "greedy_agreement", "device")}
+        summary = {
+            k: report[k]
+            for k in ("passed", "failures", "top1", "kl_mean", "greedy_agreement", "device")
+        }
         return {**summary, "failed": not report["passed"]}

@@ -110,7 +110,13 @@ class RepositoryOptions:
     kv_cache_free_gpu_mem_fraction: float = 0.9
 
 
-def _io(message: type, tensors: tuple[Tensor, ...], *, ragged: tuple[str, ...] = (), reshape: tuple[str, ...] = ()) -> list:
+def _io(
+    message: type,
+    tensors: tuple[Tensor, ...],
+    *,
+    ragged: tuple[str, ...] = (),
+    reshape: tuple[str, ...] = (),
+) -> list:
     out = []
     for name, dtype, dims, optional in tensors:
         item = message(name=name, data_type=mc.DataType.Value(dtype), dims=list(dims))
@@ -131,40 +137,81 @@ def _params(config: mc.ModelConfig, values: dict[str, str]) -> None:
 def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
     """The four model configs as ModelConfig messages."""
     cpu = [mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)]
-    pre = mc.ModelConfig(name="preprocessing", backend="python", max_batch_size=opts.max_batch_size,
-                         input=_io(mc.ModelInput, PREPROCESSING_IN), output=_io(mc.ModelOutput, PREPROCESSING_OUT),
-                         instance_group=cpu, dynamic_batching=mc.ModelDynamicBatching())
-    _params(pre, {"tokenizer_dir": "tokenizer", "add_special_tokens": "true", "max_input_len": str(opts.max_input_len)})
+    pre = mc.ModelConfig(
+        name="preprocessing",
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        input=_io(mc.ModelInput, PREPROCESSING_IN),
+        output=_io(mc.ModelOutput, PREPROCESSING_OUT),
+        instance_group=cpu,
+        dynamic_batching=mc.ModelDynamicBatching(),
+    )
+    _params(
+        pre,
+        {
+            "tokenizer_dir": "tokenizer",
+            "add_special_tokens": "true",
+            "max_input_len": str(opts.max_input_len),
+        },
+    )
     scalars = tuple(n for n, _, dims, _ in TRTLLM_IN if dims == (1,))
-    llm = mc.ModelConfig(name="tensorrt_llm", backend="tensorrtllm", max_batch_size=opts.max_batch_size,
-                         input=_io(mc.ModelInput, TRTLLM_IN, ragged=("input_ids", "stop_words_list", "bad_words_list"), reshape=scalars),
-                         output=_io(mc.ModelOutput, TRTLLM_OUT), instance_group=cpu,
-                         dynamic_batching=mc.ModelDynamicBatching(),
-                         model_transaction_policy=mc.ModelTransactionPolicy(decoupled=opts.decoupled))
-    _params(llm, {
-        "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": opts.engine_path,
-        "max_beam_width": str(opts.max_beam_width),
-        "batch_scheduler_policy": "guaranteed_no_evict",
-        "kv_cache_free_gpu_mem_fraction": str(opts.kv_cache_free_gpu_mem_fraction),
-        "exclude_input_in_output": "true",
-        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
-    })
-    post = mc.ModelConfig(name="postprocessing", backend="python", max_batch_size=opts.max_batch_size,
-                          input=_io(mc.ModelInput, POSTPROCESSING_IN), output=_io(mc.ModelOutput, POSTPROCESSING_OUT),
-                          instance_group=cpu, dynamic_batching=mc.ModelDynamicBatching())
+    llm = mc.ModelConfig(
+        name="tensorrt_llm",
+        backend="tensorrtllm",
+        max_batch_size=opts.max_batch_size,
+        input=_io(
+            mc.ModelInput,
+            TRTLLM_IN,
+            ragged=("input_ids", "stop_words_list", "bad_words_list"),
+            reshape=scalars,
+        ),
+        output=_io(mc.ModelOutput, TRTLLM_OUT),
+        instance_group=cpu,
+        dynamic_batching=mc.ModelDynamicBatching(),
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=opts.decoupled),
+    )
+    _params(
+        llm,
+        {
+            "gpt_model_type": "inflight_fused_batching",
+            "gpt_model_path": opts.engine_path,
+            "max_beam_width": str(opts.max_beam_width),
+            "batch_scheduler_policy": "guaranteed_no_evict",
+            "kv_cache_free_gpu_mem_fraction": str(opts.kv_cache_free_gpu_mem_fraction),
+            "exclude_input_in_output": "true",
+            "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        },
+    )
+    post = mc.ModelConfig(
+        name="postprocessing",
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        input=_io(mc.ModelInput, POSTPROCESSING_IN),
+        output=_io(mc.ModelOutput, POSTPROCESSING_OUT),
+        instance_group=cpu,
+        dynamic_batching=mc.ModelDynamicBatching(),
+    )
     _params(post, {"tokenizer_dir": "../preprocessing/tokenizer", "skip_special_tokens": "true"})
     steps = [
-        mc.ModelEnsembling.Step(model_name=model, model_version=-1, input_map=inputs, output_map=outputs)
+        mc.ModelEnsembling.Step(
+            model_name=model, model_version=-1, input_map=inputs, output_map=outputs
+        )
         for model, inputs, outputs in ENSEMBLE_STEPS
     ]
-    ens = mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=opts.max_batch_size,
-                         input=_io(mc.ModelInput, ENSEMBLE_IN), output=_io(mc.ModelOutput, ENSEMBLE_OUT),
-                         ensemble_scheduling=mc.ModelEnsembling(step=steps))
+    ens = mc.ModelConfig(
+        name="ensemble",
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        input=_io(mc.ModelInput, ENSEMBLE_IN),
+        output=_io(mc.ModelOutput, ENSEMBLE_OUT),
+        ensemble_scheduling=mc.ModelEnsembling(step=steps),
+    )
     return {"ensemble": ens, "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
 
 
-def write_repository(work: Path, opts: RepositoryOptions, tokenizer_files: list[Path], engine_dir: Path | None) -> None:
+def write_repository(
+    work: Path, opts: RepositoryOptions, tokenizer_files: list[Path], engine_dir: Path | None
+) -> None:
     """Write the repository into `work` (the caller makes it appear atomically)."""
     models = resources.files("trt_builder.triton") / "python_models"
     for name, config in model_configs(opts).items():
@@ -188,7 +235,9 @@ def _load(path: Path) -> mc.ModelConfig:
     try:
         text_format.Parse(path.read_text(), config)
     except text_format.ParseError as exc:
-        raise PackageError(f"{path.parent.name}/config.pbtxt does not parse as Triton's ModelConfig: {exc}") from None
+        raise PackageError(
+            f"{path.parent.name}/config.pbtxt does not parse as Triton's ModelConfig: {exc}"
+        ) from None
     return config
 
 
@@ -199,7 +248,9 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
         raise PackageError(f"{root} holds no model (no */config.pbtxt)")
     for name, config in configs.items():
         if config.name and config.name != name:
-            raise PackageError(f"model {name}: config.pbtxt says name {config.name!r}; it must match its directory")
+            raise PackageError(
+                f"model {name}: config.pbtxt says name {config.name!r}; it must match its directory"
+            )
         if not (root / name / "1").is_dir():
             raise PackageError(f"model {name}: version directory 1/ is missing")
         if config.backend == "python" and not (root / name / "1" / "model.py").is_file():
@@ -215,22 +266,32 @@ def _check_ensemble(name: str, ens: mc.ModelConfig, configs: dict[str, mc.ModelC
     for step in ens.ensemble_scheduling.step:
         target = configs.get(step.model_name)
         if target is None:
-            raise PackageError(f"ensemble {name}: step model {step.model_name!r} is not in the repository")
+            raise PackageError(
+                f"ensemble {name}: step model {step.model_name!r} is not in the repository"
+            )
         inputs = {t.name: t for t in target.input}
         outputs = {t.name: t for t in target.output}
         for model_in, tensor in step.input_map.items():
             if model_in not in inputs:
                 raise PackageError(f"ensemble {name}: {step.model_name} has no input {model_in!r}")
             if tensor not in available:
-                raise PackageError(f"ensemble {name}: tensor {tensor!r} feeding {step.model_name}.{model_in} is produced by no earlier step or ensemble input")
+                raise PackageError(
+                    f"ensemble {name}: tensor {tensor!r} feeding {step.model_name}.{model_in} is produced by no earlier step or ensemble input"
+                )
             if available[tensor] != inputs[model_in].data_type:
-                raise PackageError(f"ensemble {name}: {tensor!r} is {mc.DataType.Name(available[tensor])} but {step.model_name}.{model_in} takes {mc.DataType.Name(inputs[model_in].data_type)}")
+                raise PackageError(
+                    f"ensemble {name}: {tensor!r} is {mc.DataType.Name(available[tensor])} but {step.model_name}.{model_in} takes {mc.DataType.Name(inputs[model_in].data_type)}"
+                )
         missing = [t for t, spec in inputs.items() if not spec.optional and t not in step.input_map]
         if missing:
-            raise PackageError(f"ensemble {name}: required input {missing[0]!r} of {step.model_name} is not mapped")
+            raise PackageError(
+                f"ensemble {name}: required input {missing[0]!r} of {step.model_name} is not mapped"
+            )
         for model_out, tensor in step.output_map.items():
             if model_out not in outputs:
-                raise PackageError(f"ensemble {name}: {step.model_name} has no output {model_out!r}")
+                raise PackageError(
+                    f"ensemble {name}: {step.model_name} has no output {model_out!r}"
+                )
             available[tensor] = outputs[model_out].data_type
     for out in ens.output:
         if out.name not in available:

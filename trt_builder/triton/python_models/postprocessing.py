@@ -11,7 +11,9 @@ TRUE = ("true", "1", "yes", "y", "t", "on")
 def decode_batch(tokenizer, tokens, lengths, *, skip_special_tokens):
     """Decode output_ids [beams, max_len] cut at each beam's sequence_length."""
     return [
-        tokenizer.decode(tokens[beam, : int(lengths[beam])], skip_special_tokens=skip_special_tokens)
+        tokenizer.decode(
+            tokens[beam, : int(lengths[beam])], skip_special_tokens=skip_special_tokens
+        )
         for beam in range(tokens.shape[0])
     ]
 
@@ -35,9 +37,13 @@ class TritonPythonModel:
             tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
             lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
             texts = decode_batch(
-                self.tokenizer, tokens.reshape(-1, tokens.shape[-1]), lengths.reshape(-1),
+                self.tokenizer,
+                tokens.reshape(-1, tokens.shape[-1]),
+                lengths.reshape(-1),
                 skip_special_tokens=self.skip_special_tokens,
             )
             out = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(1, -1)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)]))
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", out)])
+            )
         return responses

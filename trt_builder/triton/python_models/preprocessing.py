@@ -18,7 +18,9 @@ def encode_query(tokenizer, text, *, add_special_tokens, max_input_len):
         raise ValueError("empty prompt: send some text in text_input")
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     if max_input_len and len(ids) > max_input_len:
-        raise ValueError(f"prompt has {len(ids)} tokens, the engine accepts at most {max_input_len}")
+        raise ValueError(
+            f"prompt has {len(ids)} tokens, the engine accepts at most {max_input_len}"
+        )
     return ids
 
 
@@ -51,7 +53,9 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         params = _params(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(_tokenizer_dir(args, params["tokenizer_dir"]))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            _tokenizer_dir(args, params["tokenizer_dir"])
+        )
         self.add_special_tokens = params.get("add_special_tokens", "true").lower() in TRUE
         self.max_input_len = int(params.get("max_input_len", "0") or 0)
         eos = self.tokenizer.eos_token_id
@@ -67,7 +71,10 @@ class TritonPythonModel:
         query = opt("QUERY").reshape(-1)[0]
         text = query.decode("utf-8") if isinstance(query, bytes) else str(query)
         ids = encode_query(
-            self.tokenizer, text, add_special_tokens=self.add_special_tokens, max_input_len=self.max_input_len
+            self.tokenizer,
+            text,
+            add_special_tokens=self.add_special_tokens,
+            max_input_len=self.max_input_len,
         )
         out_len = opt("REQUEST_OUTPUT_LEN").reshape(1, 1).astype(np.int32)
         end_id = opt("END_ID")
@@ -75,19 +82,31 @@ class TritonPythonModel:
 
         def words(name):
             value = opt(name)
-            items = [] if value is None else [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in value.reshape(-1)]
+            items = (
+                []
+                if value is None
+                else [
+                    w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in value.reshape(-1)
+                ]
+            )
             return words_to_ids(self.tokenizer, items)[None]
 
         tensors = {
             "INPUT_ID": np.array([ids], dtype=np.int32),
             "REQUEST_INPUT_LEN": np.array([[len(ids)]], dtype=np.int32),
             "REQUEST_OUTPUT_LEN": out_len,
-            "OUT_END_ID": np.array([[self.end_id if end_id is None else int(end_id.reshape(-1)[0])]], dtype=np.int32),
-            "OUT_PAD_ID": np.array([[self.pad_id if pad_id is None else int(pad_id.reshape(-1)[0])]], dtype=np.int32),
+            "OUT_END_ID": np.array(
+                [[self.end_id if end_id is None else int(end_id.reshape(-1)[0])]], dtype=np.int32
+            ),
+            "OUT_PAD_ID": np.array(
+                [[self.pad_id if pad_id is None else int(pad_id.reshape(-1)[0])]], dtype=np.int32
+            ),
             "STOP_WORDS_IDS": words("STOP_WORDS_DICT"),
             "BAD_WORDS_IDS": words("BAD_WORDS_DICT"),
         }
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
+        )
 
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils
@@ -97,5 +116,9 @@ class TritonPythonModel:
             try:
                 responses.append(self._one(pb_utils, request))
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError(str(exc))
+                    )
+                )
         return responses
