@@ -217,3 +217,39 @@ def test_second_build_of_the_same_target_waits_for_the_lock(
             capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2"
         )
     assert code == 9 and "is being built by" in err and "--lock-timeout" in err
+
+
+def test_build_killed_during_verify_leaves_no_report_and_rerun_completes(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    exe = str(Path(sys.executable).with_name("trt-builder"))
+    args = [exe, "build", *_common(tiny_llama, tmp_path), "--dtype", "float32", "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    tmp_reports: list[Path] = []
+    while not tmp_reports and time.time() < deadline and proc.poll() is None:
+        tmp_reports = list((tmp_path / "engines").glob("*/*/float32-tp1-pp1/.reports.tmp-*"))
+        time.sleep(0.02)
+    assert tmp_reports, "verify never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    variant = tmp_reports[0].parent
+    assert not (variant / "reports").exists() and (variant / "checkpoint" / "stage.json").is_file()
+
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    stages = {s["name"]: s["status"] for s in json.loads(done.stdout)["stages"]}
+    assert stages == {
+        "fetch": "cached",
+        "convert": "cached",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
+    assert json.loads((variant / "reports" / "verify.json").read_text())["passed"]
+    assert not list(variant.glob(".reports.tmp-*"))

@@ -89,3 +89,16 @@ def test_greedy_matches_transformers_generate(tiny_llama: Path, tmp_path: Path) 
         pad_token_id=0,
     )
     assert model.greedy(prompt.tolist(), 8, set()) == out[0, 6:].tolist()
+
+
+@pytest.mark.gpu
+def test_cuda_runtime_agrees_with_cpu_and_passes_verify(tiny_llama: Path, tmp_path: Path) -> None:
+    from trt_builder.gates import DEFAULT_GATES
+    from trt_builder.verify import verify_checkpoint
+
+    convert_checkpoint(tiny_llama, tmp_path, FloatMode("float16"))
+    cpu = ReferenceModel.load(tmp_path).forward(IDS)
+    cuda = ReferenceModel.load(tmp_path, device="cuda").forward(IDS).cpu()
+    assert (cpu - cuda).abs().max() < 0.05 * cpu.abs().max()
+    report = verify_checkpoint(tmp_path, tiny_llama, gate=DEFAULT_GATES["float16"], device="cuda")
+    assert report["device"] == "cuda" and report["passed"], report["failures"]

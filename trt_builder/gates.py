@@ -29,6 +29,15 @@ DEFAULT_GATES: dict[str, Gate] = {
 }
 
 
+def gate_for(mode: str, *, min_top1: float | None = None, max_kl: float | None = None) -> Gate:
+    """The default gate of a mode, with the spec's overrides (None keeps the default)."""
+    default = DEFAULT_GATES[mode]
+    return Gate(
+        min_top1=default.min_top1 if min_top1 is None else min_top1,
+        max_kl=default.max_kl if max_kl is None else max_kl,
+    )
+
+
 def load_prompts() -> dict[str, Any]:
     return json.loads(resources.files("trt_builder").joinpath("data/prompts.json").read_text())
 

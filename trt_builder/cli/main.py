@@ -162,13 +162,12 @@ def _verify_dirs(
     checkpoint: Path, reference: Path, report_path: Path, kwargs: dict[str, Any]
 ) -> None:
     from ..fsio import write_json
-    from ..gates import DEFAULT_GATES, Gate, checkpoint_mode
+    from ..gates import checkpoint_mode, gate_for
     from ..verify import verify_checkpoint
 
     spec = _spec_from(dict(kwargs))
     mode = checkpoint_mode(checkpoint)
-    gate = DEFAULT_GATES[mode]
-    gate = Gate(spec.verify.min_top1 or gate.min_top1, spec.verify.max_kl or gate.max_kl)
+    gate = gate_for(mode, min_top1=spec.verify.min_top1, max_kl=spec.verify.max_kl)
     report = verify_checkpoint(
         checkpoint,
         reference,

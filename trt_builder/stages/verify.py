@@ -7,17 +7,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..fsio import write_json
-from ..gates import DEFAULT_GATES, Gate, load_prompts
+from ..gates import Gate, gate_for, load_prompts
 from .base import BuildContext
 
 
-def gate_for(ctx: BuildContext) -> Gate:
-    default = DEFAULT_GATES[ctx.spec.mode.name]
+def _gate(ctx: BuildContext) -> Gate:
     opts = ctx.spec.verify
-    return Gate(
-        min_top1=default.min_top1 if opts.min_top1 is None else opts.min_top1,
-        max_kl=default.max_kl if opts.max_kl is None else opts.max_kl,
-    )
+    return gate_for(ctx.spec.mode.name, min_top1=opts.min_top1, max_kl=opts.max_kl)
 
 
 class VerifyStage:
@@ -33,7 +29,7 @@ class VerifyStage:
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return {
-            "gate": asdict(gate_for(ctx)),
+            "gate": asdict(_gate(ctx)),
             "max_new_tokens": ctx.spec.verify.max_new_tokens,
             "device": ctx.spec.verify.device,
             "prompts_version": load_prompts()["version"],
@@ -45,7 +41,7 @@ class VerifyStage:
         report = verify_checkpoint(
             ctx.layout.checkpoint,
             ctx.layout.hf,
-            gate=gate_for(ctx),
+            gate=_gate(ctx),
             max_new_tokens=ctx.spec.verify.max_new_tokens,
             device=ctx.spec.verify.device,
         )
