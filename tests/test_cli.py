@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -135,39 +136,26 @@ def test_verify_gate_failure_exits_6_and_stays_failed(
 def test_standalone_verify_catches_a_wrong_rotary_base(
     tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, result, _ = _cli(capsys, "convert", *_common(tiny_llama, tmp_path), "--json")
-    assert code == 3  # nothing fetched yet
     _cli(capsys, "fetch", *_common(tiny_llama, tmp_path))
-    code, result, _ = _cli(capsys, "convert", *_common(tiny_llama, tmp_path), "--json")
-    checkpoint = Path(result["variant_dir"]) / "checkpoint"  # type: ignore[index]
-    hf = tmp_path / "check"
-    import shutil
-
-    shutil.copytree(checkpoint, hf / "ck")
+    _, result, _ = _cli(capsys, "convert", *_common(tiny_llama, tmp_path), "--json")
+    checkpoint = tmp_path / "ck"
+    shutil.copytree(Path(result["variant_dir"]) / "checkpoint", checkpoint)  # type: ignore[index]
     report = tmp_path / "v.json"
-    code, _, err = _cli(
-        capsys,
+    verify = [
         "verify",
         "--checkpoint",
-        str(hf / "ck"),
+        str(checkpoint),
         "--reference",
         str(tiny_llama),
         "--report",
         str(report),
-    )
+    ]
+    code, _, err = _cli(capsys, *verify)
     assert code == 0 and json.loads(report.read_text())["passed"]
-    edit_json(hf / "ck" / "config.json", rotary_base=100.0)
-    code, _, err = _cli(
-        capsys,
-        "verify",
-        "--checkpoint",
-        str(hf / "ck"),
-        "--reference",
-        str(tiny_llama),
-        "--report",
-        str(report),
-    )
+    edit_json(checkpoint / "config.json", rotary_base=100.0)
+    code, _, err = _cli(capsys, *verify)
     assert code == 6 and "verify failed: top-1 agreement" in err
+    assert json.loads(report.read_text())["passed"] is False
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,8 @@ from .errors import InputError
 from .fsio import link_or_copy
 from .source import ModelSource
 
-#: Files kept from a model repo; weights are safetensors unless pickles are explicitly allowed.
-KEEP_PATTERNS = (
-    "config.json",
+#: The tokenizer's files, and the generation config that carries the end ids.
+TOKENIZER_FILES = (
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -27,9 +26,9 @@ KEEP_PATTERNS = (
     "merges.txt",
     "chat_template.jinja",
     "chat_template.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
 )
+#: Files kept from a model repo; weights are safetensors unless pickles are explicitly allowed.
+KEEP_PATTERNS = ("config.json", *TOKENIZER_FILES, "*.safetensors", "model.safetensors.index.json")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 PICKLE_FIX = (
     "trt-builder loads safetensors only; convert the weights to safetensors, "

@@ -42,7 +42,9 @@ def encode_prompts(tokenizer: Any) -> list[tuple[str, list[int]]]:
     if tokenizer.chat_template:
         for turns in prompts["chat"]:
             ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            ids = (
+                ids["input_ids"] if hasattr(ids, "keys") else ids
+            )  # a BatchEncoding in transformers 5
             out.append((turns[-1]["content"], list(ids)))
     return out
 
@@ -149,9 +151,8 @@ def verify_checkpoint(
         )
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(reference_dir)
-    reference = (
-        AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).to(device).eval()
-    )
+    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    reference = reference.to(device).eval()  # type: ignore[arg-type]  # transformers' stubs
     candidate = ReferenceModel.load(checkpoint, device=device)
     metrics = compare(
         reference,

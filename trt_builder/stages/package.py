@@ -5,21 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import fetch
 from ..triton.repository import RepositoryOptions, write_repository
 from .base import BuildContext
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "generation_config.json",
-    "config.json",  # AutoTokenizer reads model_type from it
-)
+# AutoTokenizer also reads model_type from config.json.
+TOKENIZER_FILES = (*fetch.TOKENIZER_FILES, "config.json")
 
 
 class PackageStage:
