@@ -71,6 +71,7 @@ def test_build_then_rerun_skips_everything(
 
     code, again, _ = _cli(capsys, *args)
     assert code == 0 and again is not None
+    assert result["hashed_bytes"] > 0 and again["hashed_bytes"] == 0  # nothing re-read
     assert _statuses(again) == {
         "fetch": "cached",
         "convert": "cached",
@@ -170,6 +171,7 @@ def test_standalone_verify_catches_a_wrong_rotary_base(
             "is not an existing directory, a .gguf file or a hub repo id",
         ),
         (["verify", "--checkpoint", "."], 2, "--checkpoint and --reference go together"),
+        (["build", "--revision", "main"], 3, "--revision applies to hub repo ids"),
     ],
 )
 def test_errors_are_one_line_with_exit_codes(

@@ -51,6 +51,7 @@ class BuildResult:
     notices: list[str] = field(default_factory=list)
     seconds: float = 0.0
     dry_run: bool = False
+    hashed_bytes: int = 0  # bytes read to compute digests (0 on an unchanged rerun)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +62,7 @@ class BuildResult:
             "triton_repository": str(self.layout.triton),
             "dry_run": self.dry_run,
             "seconds": round(self.seconds, 3),
+            "hashed_bytes": self.hashed_bytes,
             "notices": self.notices,
             "stages": [r.to_json() for r in self.records],
         }
@@ -146,6 +148,7 @@ def run(
     finally:
         if not dry_run:  # a dry run leaves the disk as it found it
             ctx.digests.save()
+        result.hashed_bytes = ctx.digests.hashed_bytes
         result.seconds = time.perf_counter() - start
     return result
 

@@ -47,6 +47,11 @@ def default_gguf() -> Path:
 
 def resolve_source(model: str | None, revision: str | None, digests: DigestCache) -> ModelSource:
     """Classify `--model` and pin it to a revision (hub: commit sha; local: content digest)."""
+    local = model is None or Path(model).suffix == ".gguf" or Path(model).expanduser().is_dir()
+    if local and revision is not None:
+        raise InputError(
+            "--revision applies to hub repo ids, not to a local directory or .gguf file: drop it"
+        )
     if model is None:
         path = default_gguf()
         return ModelSource("gguf", str(path), DEFAULT_MODEL_NAME, _content_rev(path, digests))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -51,6 +52,11 @@ def detail(record: StageRecord) -> str:
         return d.get("reason", "")
     if record.name == "package":
         return "engine included" if d.get("engine_included") else "configs only (no engine yet)"
+    if record.name == "fetch" and "source" in d:
+        src = d["source"]
+        return (
+            f"{src['kind']} {Path(src['ref']).name if src['kind'] != 'hub' else src['ref']} -> hf/"
+        )
     if record.name == "convert" and "quant_algo" in d:
         return f"{d.get('architecture')} {d.get('dtype')} quant={d.get('quant_algo')}"
     return record.output
