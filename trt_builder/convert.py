@@ -12,24 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .errors import ConversionError, InputError, SpecError
+from .fetch import read_hf_config
 from .models import Family, TensorRule, family_for
 from .quant import QuantMode
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def read_hf_config(hf_dir: Path) -> dict[str, Any]:
-    path = hf_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"{hf_dir} has no config.json: pass a Hugging Face model directory"
-        ) from None
-    except ValueError as exc:
-        raise InputError(
-            f"{path} is not valid JSON ({exc}): re-fetch the model with --force"
-        ) from None
 
 
 class SafetensorsReader:

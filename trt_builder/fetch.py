@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .fsio import link_or_copy
 from .source import ModelSource
 
 #: The tokenizer's files, and the generation config that carries the end ids.
@@ -27,6 +26,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+#: At least one of these: the tokenizer itself.
+TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 #: Files kept from a model repo; weights are safetensors unless pickles are explicitly allowed.
 KEEP_PATTERNS = ("config.json", *TOKENIZER_FILES, "*.safetensors", "model.safetensors.index.json")
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -53,14 +54,39 @@ def check_weight_files(names: list[str], where: str, allow_pickle: bool) -> None
         )
 
 
-def check_config(hf_dir: Path) -> None:
-    """Refuse configs that would need repository code to run."""
-    config = json.loads((hf_dir / "config.json").read_text())
+def read_hf_config(hf_dir: Path) -> dict[str, Any]:
+    path = hf_dir / "config.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise InputError(
+            f"{hf_dir} has no config.json: pass a Hugging Face model directory"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"{path} is not valid JSON ({exc}): fix or re-download the model"
+        ) from None
+
+
+def check_model_dir(hf_dir: Path) -> None:
+    """Refuse a model that needs repository code, or has no tokenizer to verify and serve with."""
+    config = read_hf_config(hf_dir)
     if "auto_map" in config or "_attn_implementation_internal" in config:
         raise InputError(
             "config.json asks for custom repository code (auto_map): trt-builder never runs repo code; "
             "use a model whose architecture transformers ships"
         )
+    if not any((hf_dir / name).is_file() for name in TOKENIZER_MODELS):
+        raise InputError(
+            f"the model has no tokenizer ({', '.join(TOKENIZER_MODELS)}): verify and Triton need it; "
+            "add the tokenizer files to the model directory"
+        )
+
+
+def model_files(src: Path) -> list[Path]:
+    """The top-level files of a local model that fetch reads (weights, pickles, config, tokenizer)."""
+    patterns = KEEP_PATTERNS + PICKLE_PATTERNS
+    return sorted(p for p in src.iterdir() if p.is_file() and _matches(p.name, patterns))
 
 
 def pickles_to_safetensors(work: Path) -> list[str]:
@@ -86,15 +112,16 @@ def pickles_to_safetensors(work: Path) -> list[str]:
 
 
 def fetch_local(src: Path, work: Path, allow_pickle: bool) -> dict[str, Any]:
-    names = sorted(p.name for p in src.iterdir() if p.is_file())
+    names = [p.name for p in model_files(src)]
     check_weight_files(names, str(src), allow_pickle)
     if "config.json" not in names:
         raise InputError(f"{src} has no config.json: pass a Hugging Face model directory")
     patterns = KEEP_PATTERNS + (PICKLE_PATTERNS if allow_pickle else ())
     kept = [n for n in names if _matches(n, patterns)]
     for name in kept:
-        link_or_copy(src / name, work / name)
-    check_config(work)
+        # A copy, not a hard link: rewriting the user's file in place must not change hf/.
+        shutil.copy2(src / name, work / name)
+    check_model_dir(work)
     converted = pickles_to_safetensors(work) if allow_pickle else []
     return {"files": kept, "converted_pickles": converted}
 
@@ -103,7 +130,7 @@ def fetch_hub(repo_id: str, sha: str, work: Path, allow_pickle: bool) -> dict[st
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from .source import hub_offline
+    from .source import _hub_network_errors, hub_offline
 
     try:
         if hub_offline():
@@ -130,16 +157,14 @@ def fetch_hub(repo_id: str, sha: str, work: Path, allow_pickle: bool) -> dict[st
         raise InputError(
             f"{repo_id}@{sha[:12]} is not complete in the local HF cache: fetch it once online"
         ) from None
-    except OSError as exc:
+    except _hub_network_errors() as exc:
         raise InputError(
             f"download of {repo_id} failed: {exc}; retry, or set HF_HUB_OFFLINE=1 to use the cache"
         ) from None
     kept = sorted(p.name for p in snap.iterdir() if p.is_file() and _matches(p.name, patterns))
     for name in kept:
-        shutil.copyfile(
-            (snap / name).resolve(), work / name
-        )  # snapshot entries are symlinks to blobs
-    check_config(work)
+        shutil.copyfile((snap / name).resolve(), work / name)  # snapshot entries link to blobs
+    check_model_dir(work)
     converted = pickles_to_safetensors(work) if allow_pickle else []
     return {"files": kept, "converted_pickles": converted, "commit": sha}
 

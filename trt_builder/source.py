@@ -80,7 +80,20 @@ def resolve_source(model: str | None, revision: str | None, digests: DigestCache
 
 
 def _content_rev(path: Path, digests: DigestCache) -> str:
+    """A local input's revision: its content digest (a directory: only the files fetch reads)."""
+    if path.is_dir():
+        from .digests import sha256_json
+        from .fetch import model_files
+
+        return "sha256-" + sha256_json({p.name: digests.file(p) for p in model_files(path)})[:12]
     return "sha256-" + digests.digest(path)[:12]
+
+
+def _hub_network_errors() -> tuple[type[BaseException], ...]:
+    """What the hub client raises for network failures (its HTTP library's base error)."""
+    from huggingface_hub import errors
+
+    return (OSError, getattr(errors, "HTTPError", OSError))
 
 
 def hub_offline() -> bool:
@@ -91,11 +104,13 @@ def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
     """Resolve a branch or tag to its commit sha: from the hub, or from the local cache offline."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
+    network_errors = _hub_network_errors()
     rev = revision or "main"
     if re.fullmatch(r"[0-9a-f]{40}", rev):
         return rev
@@ -118,9 +133,11 @@ def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
         raise InputError(
             f"{repo_id}@{rev} is not in the local HF cache and HF_HUB_OFFLINE is set: fetch it once online, or pass a local directory"
         ) from None
-    except OSError as exc:
+    except HFValidationError as exc:
+        raise InputError(f"{repo_id!r} is not a valid hub repo id ({exc}): use org/name") from None
+    except network_errors as exc:
         raise InputError(
-            f"cannot reach the hub for {repo_id}: {exc}; set HF_HUB_OFFLINE=1 to use the local cache"
+            f"cannot reach the hub for {repo_id} ({exc}); set HF_HUB_OFFLINE=1 to use the local cache"
         ) from None
     if not sha:
         raise InputError(

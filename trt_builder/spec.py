@@ -148,6 +148,8 @@ def load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise SpecError(f"config file {path} does not exist: check the --config path") from None
+    except OSError as exc:
+        raise SpecError(f"config file {path} cannot be read ({exc}): pass a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"config file {path} is not valid TOML: {exc}") from None
 

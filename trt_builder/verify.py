@@ -150,8 +150,14 @@ def verify_checkpoint(
             f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory"
         )
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(reference_dir)
-    reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(reference_dir)
+        reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(
+            f"transformers cannot load {reference_dir} as the reference ({exc}): "
+            "pass a Hugging Face model directory with its tokenizer"
+        ) from None
     reference = reference.to(device).eval()  # type: ignore[arg-type]  # transformers' stubs
     candidate = ReferenceModel.load(checkpoint, device=device)
     metrics = compare(

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from .. import __version__
 from ..errors import EXIT_CODES, TrtBuilderError, VerifyFailed
@@ -181,7 +182,7 @@ def _verify_dirs(
     else:
         verdict = "[green]pass[/]" if report["passed"] else "[red]FAIL[/]"
         err.print(f"verify {verdict} ({mode}): top-1 {report['top1']:.4f}, KL {report['kl_mean']:.2e}, "
-                  f"greedy {report['greedy_agreement']:.2f}; report: {report_path}")  # fmt: skip
+                  f"greedy {report['greedy_agreement']:.2f}; report: {escape(str(report_path))}")  # fmt: skip
     if not report["passed"]:
         raise VerifyFailed(
             f"verify failed: {'; '.join(report['failures'])} (report: {report_path})"
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrtBuilderError as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"[red]error:[/] {exc}", markup=True, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         if as_json and not isinstance(exc, VerifyFailed):
             click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
         return exc.exit_code
@@ -233,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err.print(
-            f"[red]internal error:[/] {type(exc).__name__}: {exc} (rerun with --debug and report it)",
+            f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} "
+            "(rerun with --debug and report it)",
             soft_wrap=True,
         )
         return 1

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
@@ -39,7 +40,7 @@ class StageProgress:
         assert record is not None
         style = STYLE.get(record.status, "white")
         self.console.print(
-            f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {detail(record)}"
+            f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {escape(detail(record))}"
         )
 
 
@@ -71,11 +72,14 @@ def summary(console: Console, result: BuildResult) -> None:
     for record in result.records:
         style = STYLE.get(record.status, "white")
         table.add_row(
-            record.name, f"[{style}]{record.status}[/]", f"{record.seconds:.2f}", detail(record)
+            record.name,
+            f"[{style}]{record.status}[/]",
+            f"{record.seconds:.2f}",
+            escape(detail(record)),
         )
     console.print(table)
     for notice in result.notices:
-        console.print(f"[yellow]note:[/] {notice}")
+        console.print(f"[yellow]note:[/] {escape(notice)}")
     engine = next((r for r in result.records if r.name == "engine"), None)
     if engine and engine.status == "skipped" and "command" in engine.details:
         console.print(
@@ -83,5 +87,5 @@ def summary(console: Console, result: BuildResult) -> None:
         )
         console.print(engine.details["command"], markup=False, highlight=False, soft_wrap=True)
     if not result.dry_run:
-        console.print(f"manifest: {result.layout.manifest}")
+        console.print(f"manifest: {result.layout.manifest}", markup=False)
         console.print(f"done in {result.seconds:.2f}s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ class Stage(Protocol):
     name: ClassVar[str]
     version: ClassVar[int]  # bump when the same inputs would now give a different output
     tools: ClassVar[tuple[str, ...]]
+    code: ClassVar[tuple[str, ...]]  # trt_builder files whose content is part of the key
 
     def output_dir(self, ctx: BuildContext) -> Path: ...
 
@@ -93,6 +95,26 @@ def stage_key(
     )
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def code_digest(files: tuple[str, ...]) -> str:
+    """sha256 over the content of the trt_builder files a stage's output depends on, so an
+    edited (e.g. editable-install) source reruns the stage even without a version bump."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + (_PACKAGE / rel).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def stage_tools(stage: Stage) -> dict[str, str]:
+    tools = tool_versions(stage.tools)
+    code = getattr(stage, "code", ())
+    if code:
+        tools["trt-builder code"] = code_digest(code)
+    return tools
+
+
 def read_marker(output: Path) -> dict[str, Any] | None:
     import json
 
@@ -106,7 +128,7 @@ def plan_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     """Compute the key and say whether the stage would run or is cached (no side effects)."""
     inputs = digest_inputs(ctx, stage.inputs(ctx))
     params = stage.params(ctx)
-    tools = tool_versions(stage.tools)
+    tools = stage_tools(stage)
     key = stage_key(stage, inputs, params, tools)
     output = stage.output_dir(ctx)
     marker = read_marker(output)

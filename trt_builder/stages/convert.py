@@ -12,6 +12,13 @@ class ConvertStage:
     name: ClassVar[str] = "convert"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "safetensors")
+    code: ClassVar[tuple[str, ...]] = (
+        "convert.py",
+        "fetch.py",
+        "quant.py",
+        "models/__init__.py",
+        "models/llama.py",
+    )
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.checkpoint

@@ -17,6 +17,7 @@ class EngineStage:
     name: ClassVar[str] = "engine"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm",)
+    code: ClassVar[tuple[str, ...]] = ("engine.py",)
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..fetch import fetch_model
+from ..fetch import fetch_model, model_files
 from .base import BuildContext
 
 
@@ -19,13 +19,17 @@ class FetchStage:
         "safetensors",
         "huggingface-hub",
     )
+    code: ClassVar[tuple[str, ...]] = ("fetch.py", "source.py")
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.hf
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         # A hub model's input is its commit sha (a parameter); local inputs are hashed.
-        return {} if ctx.source.kind == "hub" else {"model": Path(ctx.source.ref)}
+        ref = Path(ctx.source.ref)
+        if ctx.source.kind == "local":
+            return {f"model/{p.name}": p for p in model_files(ref)}
+        return {} if ctx.source.kind == "hub" else {"model": ref}
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return {

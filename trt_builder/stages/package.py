@@ -17,6 +17,11 @@ class PackageStage:
     name: ClassVar[str] = "package"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("tritonclient", "transformers")
+    code: ClassVar[tuple[str, ...]] = (
+        "triton/repository.py",
+        "triton/python_models/preprocessing.py",
+        "triton/python_models/postprocessing.py",
+    )
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.triton

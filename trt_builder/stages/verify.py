@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..fsio import write_json
-from ..gates import Gate, gate_for, load_prompts
+from ..gates import Gate, gate_for
 from .base import BuildContext
 
 
@@ -20,6 +20,12 @@ class VerifyStage:
     name: ClassVar[str] = "verify"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    code: ClassVar[tuple[str, ...]] = (
+        "verify.py",
+        "gates.py",
+        "runtime/reference.py",
+        "data/prompts.json",
+    )
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.reports
@@ -32,7 +38,6 @@ class VerifyStage:
             "gate": asdict(_gate(ctx)),
             "max_new_tokens": ctx.spec.verify.max_new_tokens,
             "device": ctx.spec.verify.device,
-            "prompts_version": load_prompts()["version"],
         }
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
