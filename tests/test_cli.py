@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from conftest import edit_json
 from trt_builder.cli.main import main
@@ -83,7 +82,7 @@ def test_build_then_rerun_skips_everything(
     code, changed, _ = _cli(
         capsys, *args, "--max-batch-size", "4"
     )  # read by engine and package only
-    assert _statuses(changed or {}) == {
+    assert code == 0 and _statuses(changed or {}) == {
         "fetch": "cached",
         "convert": "cached",
         "verify": "cached",
@@ -104,6 +103,7 @@ def test_dry_run_writes_nothing(
     assert code == 0 and result is not None and result["dry_run"]
     assert set(_statuses(result).values()) == {"would run"}
     assert not (tmp_path / "engines").exists() and not (tmp_path / "triton").exists()
+    assert not list(tmp_path.rglob("digests.json")) and not list(tmp_path.rglob("*.lock"))
 
 
 def test_stages_one_at_a_time(
@@ -197,16 +197,24 @@ def test_unsupported_architecture_and_debug_traceback(
     assert code == 4 and result == {"ok": False, "error": result["error"], "exit_code": 4}  # type: ignore[index]
 
 
-def test_second_build_of_the_same_target_waits_for_the_lock(
+def test_second_build_of_the_same_target_names_the_lock_holder(
     tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import os
+
+    from trt_builder.pipeline import _locked
+
     code, result, _ = _cli(capsys, "fetch", *_common(tiny_llama, tmp_path), "--json")
     variant = Path(result["variant_dir"])  # type: ignore[index]
-    with FileLock(str(variant.parent / f".{variant.name}.lock")):
+    with _locked(variant.parent / f".{variant.name}.lock", timeout=1):
         code, _, err = _cli(
             capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2"
         )
-    assert code == 9 and "is being built by" in err and "--lock-timeout" in err
+    assert (
+        code == 9 and f"is being built by pid {os.getpid()} on " in err and "--lock-timeout" in err
+    )
+    code, _, _ = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2")
+    assert code == 0  # released
 
 
 def test_build_killed_during_verify_leaves_no_report_and_rerun_completes(
@@ -243,3 +251,91 @@ def test_build_killed_during_verify_leaves_no_report_and_rerun_completes(
     }
     assert json.loads((variant / "reports" / "verify.json").read_text())["passed"]
     assert not list(variant.glob(".reports.tmp-*"))
+
+
+def test_engine_and_package_refuse_a_checkpoint_that_failed_verify(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [*_common(tiny_llama, tmp_path), "--dtype", "bfloat16"]
+    for stage in ("fetch", "convert"):
+        assert _cli(capsys, stage, *common)[0] == 0
+    code, result, _ = _cli(capsys, "package", *common, "--json")  # no verify yet: said, not refused
+    assert code == 0 and any("has not been verified" in n for n in result["notices"])  # type: ignore[index]
+    strict = tmp_path / "strict.toml"
+    strict.write_text("[verify]\nmin_top1 = 1.0\nmax_kl = 0.0\n")
+    assert _cli(capsys, "verify", *common, "--config", str(strict))[0] == 6
+    for stage in ("engine", "package"):
+        code, _, err = _cli(capsys, stage, *common)
+        assert code == 6 and f"{stage} refuses this checkpoint: it failed verify" in err
+
+
+def test_real_stages_rerun_exactly_when_what_they_read_changes(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_builder.digests import sha256_file
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+    from trt_builder.stages import base
+
+    def build(**kw: object) -> dict[str, str]:
+        spec = make_spec(
+            model=str(tiny_llama), out=tmp_path / "e", triton_root=tmp_path / "t", **kw
+        )
+        return {r.name: r.status for r in run(spec).records}
+
+    assert build() == {
+        "fetch": "ran",
+        "convert": "ran",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
+    # A spec field: a new variant; the shared fetch output is reused.
+    assert build(dtype="float32") == {
+        "fetch": "cached",
+        "convert": "ran",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
+    # A tool version: transformers is read by fetch, verify and package, not by convert.
+    real = base.tool_versions
+    monkeypatch.setattr(
+        base,
+        "tool_versions",
+        lambda names: {
+            **real(names),
+            **({"transformers": "9.9"} if "transformers" in names else {}),
+        },
+    )
+    assert build() == {
+        "fetch": "ran",
+        "convert": "cached",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
+    monkeypatch.setattr(base, "tool_versions", real)
+    # An input file: the tokenizer is read by verify and package, not by convert.
+    hf = next((tmp_path / "e").glob("*/*/hf"))
+    assert build() == {
+        "fetch": "ran",
+        "convert": "cached",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }
+    assert build()["fetch"] == "cached"
+    tokenizer = hf / "tokenizer_config.json"
+    record = json.loads((hf / "stage.json").read_text())
+    tokenizer.write_text(tokenizer.read_text().replace("}", ', "model_max_length": 4096}', 1))
+    # Record the edit as fetch's own output, as a re-fetch of a changed tokenizer would.
+    record["outputs"]["tokenizer_config.json"] = sha256_file(tokenizer)
+    (hf / "stage.json").write_text(json.dumps(record))
+    assert build() == {
+        "fetch": "cached",
+        "convert": "cached",
+        "verify": "ran",
+        "engine": "skipped",
+        "package": "ran",
+    }

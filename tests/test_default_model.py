@@ -48,7 +48,12 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
         chat and "100" in chat[0]["reference_text"]
     )  # a real model answers, so the check means something
 
-    repo = tmp_path / "triton_repo" / "smollm2-135m-instruct-int8-wo-tp1-pp1"
+    repo = (
+        tmp_path
+        / "triton_repo"
+        / f"smollm2-135m-instruct-{result['revision'][7:15]}-int8-wo-tp1-pp1"
+    )
+    assert Path(result["triton_repository"]).resolve() == repo.resolve()
     assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == [
         "ensemble",
         "postprocessing",

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trt_builder import convert as convert_module
 from trt_builder.engine import EXECUTABLE_ENV, build_command, run_build
 from trt_builder.errors import EngineError
-from trt_builder.pipeline import run
+from trt_builder.pipeline import BuildResult, run
 from trt_builder.spec import make_spec
+from trt_builder.stages.convert import ConvertStage
 
 STAND_IN = Path(__file__).parent / "standins" / "trtllm-build"
+
+
+def _record(result: BuildResult, name: str) -> Any:
+    return next(r for r in result.records if r.name == name)
+
+
+def _spec(model: Path, tmp_path: Path, **kw: Any) -> Any:
+    return make_spec(
+        model=str(model),
+        dtype="float32",
+        out=tmp_path / "engines",
+        triton_root=tmp_path / "triton",
+        **kw,
+    )
 
 
 def test_command_has_gemm_plugin_and_limits(tmp_path: Path) -> None:
@@ -26,9 +40,8 @@ def test_command_has_gemm_plugin_and_limits(tmp_path: Path) -> None:
     flags = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert argv[0] == "trtllm-build"
     assert flags["--gemm_plugin"] == "auto" and flags["--gpt_attention_plugin"] == "auto"
-    assert flags["--checkpoint_dir"] == str(tmp_path / "ck") and flags["--output_dir"] == str(
-        tmp_path / "eng"
-    )
+    assert flags["--checkpoint_dir"] == str(tmp_path / "ck")
+    assert flags["--output_dir"] == str(tmp_path / "eng")
     assert (flags["--max_batch_size"], flags["--max_seq_len"], flags["--max_input_len"]) == (
         "4",
         "512",
@@ -37,13 +50,17 @@ def test_command_has_gemm_plugin_and_limits(tmp_path: Path) -> None:
     assert flags["--kv_cache_type"] == "paged" and flags["--workers"] == "1"
 
 
+def _checkpoint(tmp_path: Path) -> list[str]:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    return build_command(make_spec(), tmp_path / "ck", tmp_path / "eng", executable=str(STAND_IN))
+
+
 def test_failed_build_quotes_the_last_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "ck" / "config.json").write_text("{}")
+    argv = _checkpoint(tmp_path)
     monkeypatch.setenv("FAKE_TRTLLM_FAIL", "1")
-    argv = build_command(make_spec(), tmp_path / "ck", tmp_path / "eng", executable=str(STAND_IN))
     with pytest.raises(
         EngineError, match=r"exited with 3; last lines: .*out of memory while building layer 7"
     ):
@@ -51,27 +68,70 @@ def test_failed_build_quotes_the_last_lines(
     assert "out of memory" in (tmp_path / "build.log").read_text()
 
 
+def test_silent_hang_meets_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = _checkpoint(tmp_path)
+    monkeypatch.setenv("FAKE_TRTLLM_HANG", "1")
+    with pytest.raises(EngineError, match="ran past 2 s and was stopped"):
+        run_build(argv, tmp_path / "build.log", timeout_s=2)
+
+
 @pytest.mark.integration
 def test_stage_runs_the_executable_and_package_includes_the_engine(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
-    spec = make_spec(
-        model=str(tiny_llama),
-        dtype="float32",
-        out=tmp_path / "engines",
-        triton_root=tmp_path / "triton",
-    )
-    result = run(spec)
-    engine = next(r for r in result.records if r.name == "engine")
+    result = run(_spec(tiny_llama, tmp_path))
+    engine = _record(result, "engine")
     assert engine.status == "ran" and engine.details["executable"] == str(STAND_IN)
     assert "--gemm_plugin auto" in engine.details["command"]
+    assert engine.details["executed"].startswith(str(STAND_IN))  # what really ran, temp dir and all
     assert (result.layout.engine / "rank0.engine").read_bytes().startswith(b"STAND-IN")
-    package = next(r for r in result.records if r.name == "package")
-    assert package.details["engine_included"] is True
+    assert _record(result, "package").details["engine_included"] is True
     assert (result.layout.triton / "tensorrt_llm" / "1" / "engine" / "rank0.engine").is_file()
     manifest = json.loads(result.layout.manifest.read_text())
     assert manifest["stages"]["engine"]["outputs"].keys() >= {"rank0.engine", "config.json"}
+
+
+@pytest.mark.integration
+def test_engine_from_an_older_checkpoint_is_not_packaged(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
+    assert _record(run(_spec(tiny_llama, tmp_path)), "engine").status == "ran"
+
+    # The converter changes (a new field) and TensorRT-LLM is gone: the checkpoint is rebuilt,
+    # the engine cannot be, and the old engine must not ship with the new checkpoint.
+    monkeypatch.delenv(EXECUTABLE_ENV)
+    original = convert_module.trtllm_config
+    monkeypatch.setattr(
+        convert_module, "trtllm_config", lambda *a: {**original(*a), "residual_mlp": False}
+    )
+    monkeypatch.setattr(ConvertStage, "version", 2)
+    result = run(_spec(tiny_llama, tmp_path))
+    statuses = {r.name: r.status for r in result.records}
+    assert statuses["convert"] == "ran" and statuses["engine"] == "skipped"
+    assert (result.layout.engine / "rank0.engine").is_file()  # the user's engine is kept ...
+    assert _record(result, "package").details["engine_included"] is False  # ... but not shipped
+    assert any("built from another checkpoint" in n for n in result.notices)
+    assert not (result.layout.triton / "tensorrt_llm" / "1" / "engine").exists()
+
+
+@pytest.mark.integration
+def test_hand_built_engine_is_packaged_only_when_it_matches(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    result = run(_spec(tiny_llama, tmp_path))
+    checkpoint = json.loads((result.layout.checkpoint / "config.json").read_text())
+    engine = result.layout.engine
+    engine.mkdir()
+    (engine / "rank0.engine").write_bytes(b"hand-built")
+    (engine / "config.json").write_text(
+        json.dumps({"pretrained_config": {**checkpoint, "hidden_size": 4096}})
+    )
+    assert _record(run(_spec(tiny_llama, tmp_path)), "package").details["engine_included"] is False
+    (engine / "config.json").write_text(json.dumps({"pretrained_config": checkpoint}))
+    package = _record(run(_spec(tiny_llama, tmp_path)), "package")
+    assert package.status == "ran" and package.details["engine_included"] is True
 
 
 @pytest.mark.integration
@@ -80,34 +140,22 @@ def test_failed_build_leaves_no_engine_dir(
 ) -> None:
     monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
     monkeypatch.setenv("FAKE_TRTLLM_FAIL", "1")
-    spec = make_spec(
-        model=str(tiny_llama),
-        dtype="float32",
-        out=tmp_path / "engines",
-        triton_root=tmp_path / "triton",
-    )
     with pytest.raises(EngineError, match="out of memory"):
-        run(spec)
-    layout_root = next((tmp_path / "engines").glob("*/*/float32-tp1-pp1"))
-    assert not (layout_root / "engine").exists()
-    assert not [p for p in layout_root.iterdir() if p.name.startswith(".engine.tmp-")]
+        run(_spec(tiny_llama, tmp_path))
+    variant = next((tmp_path / "engines").glob("*/*/float32-tp1-pp1"))
+    assert not (variant / "engine").exists()
+    assert not [p for p in variant.iterdir() if p.name.startswith(".engine.tmp-")]
 
 
 @pytest.mark.trtllm
 @pytest.mark.gpu
 def test_real_trtllm_build_on_tiny_model(tiny_llama: Path, tmp_path: Path) -> None:
     """On a GPU host with TensorRT-LLM: a real engine, whose config.json names the release."""
-    spec = make_spec(
-        model=str(tiny_llama), dtype="float16", out=tmp_path / "engines", require_engine=True
+    result = run(
+        _spec(tiny_llama, tmp_path, require_engine=True),
+        only=("fetch", "convert", "verify", "engine"),
     )
-    result = run(spec, only=("fetch", "convert", "engine"))
     config = json.loads((result.layout.engine / "config.json").read_text())
-    assert (
-        config["version"] != "stand-in"
-        and (result.layout.engine / "rank0.engine").stat().st_size > 1000
-    )
-    assert (
-        shutil.which("trtllm-build")
-        and subprocess.run(["trtllm-build", "--help"], capture_output=True).returncode == 0
-    )
-    assert os.environ.get(EXECUTABLE_ENV) is None
+    assert config["version"] != "stand-in"
+    assert (result.layout.engine / "rank0.engine").stat().st_size > 1000
+    assert _record(result, "engine").details["tensorrt_llm"] != "absent"

@@ -130,3 +130,51 @@ def test_hub_repo_offline_from_the_local_cache(tiny_llama: Path, tmp_path: Path)
 def test_bad_model_arguments(model: str, needle: str) -> None:
     with pytest.raises(InputError, match=needle):
         resolve_source(model, None, DigestCache(None))
+
+
+def test_revision_ignores_files_fetch_does_not_read(tiny_copy: Path) -> None:
+    before = resolve_source(str(tiny_copy), None, DigestCache(None)).revision
+    (tiny_copy / "README.md").write_text("notes")
+    (tiny_copy / ".git").mkdir()
+    (tiny_copy / ".git" / "HEAD").write_text("ref: main")
+    assert resolve_source(str(tiny_copy), None, DigestCache(None)).revision == before
+
+
+def test_fetched_files_are_copies_not_links(tiny_copy: Path, tmp_path: Path) -> None:
+    work, _ = _fetch(str(tiny_copy), tmp_path)
+    assert (work / "model.safetensors").stat().st_ino != (
+        tiny_copy / "model.safetensors"
+    ).stat().st_ino
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("tokenizer", "the model has no tokenizer (tokenizer.json, tokenizer.model, vocab.json)"),
+        ("config", "config.json is not valid JSON"),
+    ],
+)
+def test_broken_model_directories_are_refused(
+    tiny_copy: Path, tmp_path: Path, damage: str, needle: str
+) -> None:
+    if damage == "tokenizer":
+        (tiny_copy / "tokenizer.json").unlink()
+    else:
+        (tiny_copy / "config.json").write_text("{not json")
+    with pytest.raises(InputError) as info:
+        _fetch(str(tiny_copy), tmp_path)
+    assert needle in str(info.value)
+
+
+def test_hub_network_failure_is_a_one_line_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import HfApi, errors
+
+    def unreachable(*args: object, **kwargs: object) -> None:
+        raise getattr(errors, "HTTPError", OSError)("[Errno -2] Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    with pytest.raises(
+        InputError, match="cannot reach the hub for org/tiny .* set HF_HUB_OFFLINE=1"
+    ):
+        resolve_source("org/tiny", "main", DigestCache(None))

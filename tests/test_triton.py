@@ -161,3 +161,34 @@ def test_live_server_answers(tmp_path: Path) -> None:
     length.set_data_from_numpy(np.array([[8]], dtype=np.int32))
     out = client.infer("ensemble", [text, length]).as_numpy("text_output")
     assert out is not None and out.reshape(-1)[0].decode().strip()
+
+
+def test_preprocessing_handles_a_batch_and_the_generation_config_end_id(
+    repo: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
+    pre = _module(repo, "preprocessing")
+    texts = ["The quick brown fox", "Photosynthesis is"]
+    inputs = {
+        "QUERY": np.array([[t.encode()] for t in texts], dtype=object),
+        "REQUEST_OUTPUT_LEN": np.array([[8], [4]], dtype=np.int32),
+        "END_ID": np.array([[7], [9]], dtype=np.int32),
+        "STOP_WORDS_DICT": np.array([[b"fox"], [b""]], dtype=object),
+    }
+    out = pre.preprocess(tok, inputs, add_special_tokens=True, max_input_len=64, end_id=2, pad_id=0)
+    ids = [tok.encode(t) for t in texts]
+    assert out["REQUEST_INPUT_LEN"].tolist() == [[len(ids[0])], [len(ids[1])]]
+    assert out["INPUT_ID"][0, : len(ids[0])].tolist() == ids[0]
+    assert out["INPUT_ID"][1, : len(ids[1])].tolist() == ids[1]
+    assert out["OUT_END_ID"].tolist() == [[7], [9]] and out["OUT_PAD_ID"].tolist() == [[0], [0]]
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[8], [4]]
+    assert out["STOP_WORDS_IDS"].shape[:2] == (2, 2)
+    fox = tok.encode("fox", add_special_tokens=False)
+    assert out["STOP_WORDS_IDS"][0, 0, : len(fox)].tolist() == fox
+    assert out["STOP_WORDS_IDS"][1, 1, 0] == -1  # no stop words in row 2
+
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [5, 2]}')
+    assert pre.default_end_id(tok, tmp_path) == 5
+    assert pre.default_end_id(tok, tmp_path / "none") == tok.eos_token_id

@@ -84,7 +84,16 @@ class DigestCache:
                 self._dirty = True
 
     def save(self) -> None:
-        if self.path is not None and self._dirty:
-            with self._mutex:
-                write_json(self.path, self._entries)
-                self._dirty = False
+        """Merge this process's entries into the memo on disk (other builds may have added some)."""
+        if self.path is None or not self._dirty:
+            return
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._mutex, FileLock(str(self.path) + ".lock"):
+            try:
+                on_disk = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                on_disk = {}
+            write_json(self.path, {**on_disk, **self._entries})
+            self._dirty = False

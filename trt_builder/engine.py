@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -58,12 +59,32 @@ def build_command(
     ]  # fmt: skip
 
 
+def local_gpus() -> list[str]:
+    """The GPUs of this host as "name (SM xy)", from nvidia-smi; [] where there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, _, cap = line.rpartition(",")
+        gpus.append(f"{name.strip()} (SM {cap.strip().replace('.', '')})")
+    return gpus
+
+
 def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -> float:
     """Run trtllm-build, streaming its output to `log_path`; raise EngineError on failure."""
     start = time.perf_counter()
     tail: deque[str] = deque(maxlen=8)
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(argv) + "\n")
+        log.flush()
         try:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -72,21 +93,28 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
             raise EngineError(
                 f"cannot start {argv[0]} ({exc}): check the TensorRT-LLM installation"
             ) from None
-        assert proc.stdout is not None
-        try:
+
+        def pump() -> None:  # a thread, so a silent hang still meets the timeout
+            assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
                 tail.append(line.rstrip())
-                if time.perf_counter() - start > timeout_s:
-                    proc.kill()
-                    raise EngineError(
-                        f"trtllm-build ran past {timeout_s:.0f} s and was stopped; see {log_path}"
-                    )
-            code = proc.wait()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise EngineError(
+                f"trtllm-build ran past {timeout_s:.0f} s and was stopped; see {log_path}"
+            ) from None
         finally:
-            if proc.poll() is None:
+            if proc.poll() is None:  # interrupted: never leave a build running
                 proc.kill()
                 proc.wait()
+            reader.join(timeout=5)
     if code != 0:
         last = " | ".join(tail) or "(no output)"
         raise EngineError(

@@ -62,7 +62,7 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
         raise InputError(
             f"{hf_dir} has no config.json: pass a Hugging Face model directory"
         ) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise InputError(
             f"{path} is not valid JSON ({exc}): fix or re-download the model"
         ) from None

@@ -55,7 +55,9 @@ class Layout:
 
     @property
     def triton_name(self) -> str:
-        return f"{safe_name(self.model)}-{self.variant}".lower()
+        """``<model>-<revision, 8 hex>-<variant>``: two revisions never share a repository."""
+        short = self.revision.removeprefix("sha256-")[:8]
+        return f"{safe_name(self.model)}-{safe_name(short)}-{self.variant}".lower()
 
     @property
     def triton(self) -> Path:

@@ -21,7 +21,14 @@ from .fsio import write_json
 from .layout import Layout
 from .source import resolve_source
 from .spec import BuildSpec
-from .stages.base import BuildContext, Stage, StageRecord, plan_stage, run_stage
+from .stages.base import (
+    BuildContext,
+    Stage,
+    StageRecord,
+    plan_stage,
+    run_stage,
+    verify_state,
+)
 from .stages.convert import ConvertStage
 from .stages.engine import EngineStage
 from .stages.fetch import FetchStage
@@ -133,11 +140,17 @@ def run(
                         f"{stage.name} needs {missing[0]}, which does not exist: run the earlier stages "
                         f"(trt-builder build, or the stage that writes it) first"
                     )
+                if getattr(stage, "needs_verified_checkpoint", False):
+                    _check_verified(stage, ctx)
                 emit("start", stage.name, None)
                 out = stage.output_dir(ctx)
                 # Outputs shared between variants (hf/) need a lock of their own.
-                with _locked(out.parent / f".{out.name}.lock", lock_timeout):
-                    record = run_stage(stage, ctx)
+                try:
+                    with _locked(out.parent / f".{out.name}.lock", lock_timeout):
+                        record = run_stage(stage, ctx)
+                except BaseException:
+                    emit("abort", stage.name, None)
+                    raise
                 result.records.append(record)
                 emit("end", stage.name, record)
                 _write_manifest(ctx, result)
@@ -151,6 +164,20 @@ def run(
         result.hashed_bytes = ctx.digests.hashed_bytes
         result.seconds = time.perf_counter() - start
     return result
+
+
+def _check_verified(stage: Stage, ctx: BuildContext) -> None:
+    """Engine and package refuse a checkpoint that failed verify, and say when none ran."""
+    state = verify_state(ctx)
+    report = ctx.layout.reports / "verify.json"
+    if state == "failed":
+        raise VerifyFailed(
+            f"{stage.name} refuses this checkpoint: it failed verify ({report}); fix the model, "
+            "or change the gate in the spec's [verify] table and rerun verify"
+        )
+    notice = "the checkpoint has not been verified: run trt-builder verify (or build)"
+    if state == "not run" and notice not in ctx.notices:
+        ctx.notices.append(notice)
 
 
 def _plan(stage: Stage, ctx: BuildContext) -> StageRecord:

@@ -15,6 +15,7 @@ _DISTRIBUTIONS = {
     "huggingface-hub": "huggingface-hub",
     "tritonclient": "tritonclient",
     "tensorrt-llm": "tensorrt_llm",
+    "tensorrt": "tensorrt",
 }
 
 

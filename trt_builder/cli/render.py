@@ -37,7 +37,10 @@ class StageProgress:
             return
         if self.status is not None:
             self.status.stop()
-        assert record is not None
+            self.status = None
+        if record is None:  # "abort": the stage raised; the error line follows
+            self.console.print(f"  [red]{'error':>8}[/] {name}")
+            return
         style = STYLE.get(record.status, "white")
         self.console.print(
             f"  [{style}]{record.status:>8}[/] {name:<8} {record.seconds:7.2f}s  {escape(detail(record))}"

@@ -124,6 +124,24 @@ def read_marker(output: Path) -> dict[str, Any] | None:
         return None
 
 
+def built_from(ctx: BuildContext, output: Path, label: str, source: Path) -> bool:
+    """Whether `output` was made (its stage.json says) from `source` as it is now."""
+    marker = read_marker(output)
+    if marker is None or not source.exists():
+        return False
+    return bool(
+        marker.get("inputs", {}).get(label) == ctx.digests.digest(source, exclude=(MARKER,))
+    )
+
+
+def verify_state(ctx: BuildContext) -> str:
+    """ "passed", "failed", or "not run" (no report for the checkpoint as it is now)."""
+    if not built_from(ctx, ctx.layout.reports, "checkpoint", ctx.layout.checkpoint):
+        return "not run"
+    marker = read_marker(ctx.layout.reports) or {}
+    return "failed" if marker.get("status") == "failed" else "passed"
+
+
 def plan_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     """Compute the key and say whether the stage would run or is cached (no side effects)."""
     inputs = digest_inputs(ctx, stage.inputs(ctx))

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..engine import build_command, find_toolchain, run_build
+from ..engine import build_command, find_toolchain, local_gpus, run_build
 from ..errors import EngineError
 from .base import BuildContext, StageSkipped
 
@@ -16,7 +16,8 @@ NOT_INSTALLED = "TensorRT-LLM not installed"
 class EngineStage:
     name: ClassVar[str] = "engine"
     version: ClassVar[int] = 1
-    tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm",)
+    tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm", "tensorrt")
+    needs_verified_checkpoint: ClassVar[bool] = True
     code: ClassVar[tuple[str, ...]] = ("engine.py",)
 
     def output_dir(self, ctx: BuildContext) -> Path:
@@ -31,6 +32,8 @@ class EngineStage:
             "argv": build_command(ctx.spec, Path("CHECKPOINT"), Path("OUTPUT"))[1:],
             "target_gpu": ctx.spec.target_gpu,
             "executable": toolchain.executable if toolchain else None,
+            # An engine is specific to the GPU it is built on (SM) and to TensorRT's version.
+            "build_gpus": local_gpus() if toolchain else [],
         }
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
@@ -55,7 +58,9 @@ class EngineStage:
             )
         return {
             "command": command,
+            "executed": shlex.join(argv),
             "executable": toolchain.executable,
+            "build_gpus": local_gpus(),
             "tensorrt_llm": toolchain.trtllm_version,
             "build_seconds": round(seconds, 1),
             "log": str(log),

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .. import fetch
 from ..triton.repository import RepositoryOptions, write_repository
-from .base import BuildContext
+from .base import BuildContext, built_from, read_marker
+
+#: Checkpoint fields an engine's config.json (pretrained_config) must agree on.
+ENGINE_MATCH_FIELDS = (
+    "architecture",
+    "dtype",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "rotary_base",
+)
+
+
+def engine_matches_checkpoint(engine: Path, checkpoint: Path) -> bool:
+    try:
+        built = json.loads((engine / "config.json").read_text()).get("pretrained_config", {})
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    same = all(built.get(k) == config.get(k) for k in ENGINE_MATCH_FIELDS)
+    algo = (built.get("quantization") or {}).get("quant_algo")
+    return same and algo == (config.get("quantization") or {}).get("quant_algo")
+
 
 # AutoTokenizer also reads model_type from config.json.
 TOKENIZER_FILES = (*fetch.TOKENIZER_FILES, "config.json")
@@ -17,6 +43,7 @@ class PackageStage:
     name: ClassVar[str] = "package"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("tritonclient", "transformers")
+    needs_verified_checkpoint: ClassVar[bool] = True
     code: ClassVar[tuple[str, ...]] = (
         "triton/repository.py",
         "triton/python_models/preprocessing.py",
@@ -27,9 +54,20 @@ class PackageStage:
         return ctx.layout.triton
 
     def _engine(self, ctx: BuildContext) -> Path | None:
+        """The engine to ship: built (by trt-builder or by hand) from the current checkpoint."""
         engine = ctx.layout.engine
-        # An engine built by trt-builder (stage.json) or by hand with the printed command.
-        return engine if (engine / "rank0.engine").is_file() else None
+        if not (engine / "rank0.engine").is_file():
+            return None
+        if read_marker(engine) is not None:
+            current = built_from(ctx, engine, "checkpoint", ctx.layout.checkpoint)
+        else:  # built by hand with the printed command: compare what the engine was built from
+            current = engine_matches_checkpoint(engine, ctx.layout.checkpoint)
+        if not current:
+            notice = f"{engine} was built from another checkpoint and is left out: rebuild it"
+            if notice not in ctx.notices:
+                ctx.notices.append(notice)
+            return None
+        return engine
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         found = {

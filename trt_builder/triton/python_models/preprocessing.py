@@ -38,87 +38,129 @@ def words_to_ids(tokenizer, words):
     return np.array([flat, offsets], dtype=np.int32)
 
 
-def _params(args):
-    config = json.loads(args["model_config"])
-    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+def _texts(array):
+    if array is None:
+        return None
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
 
 
-def _tokenizer_dir(args, value):
-    path = Path(value)
-    return path if path.is_absolute() else Path(args["model_repository"]) / path
+def _pad_stack(rows, fill):
+    width = max(row.shape[-1] for row in rows)
+    return np.stack(
+        [
+            np.pad(r, [(0, 0)] * (r.ndim - 1) + [(0, width - r.shape[-1])], constant_values=fill)
+            for r in rows
+        ]
+    ).astype(np.int32)
+
+
+def preprocess(tokenizer, inputs, *, add_special_tokens, max_input_len, end_id, pad_id):
+    """One request's output tensors, for every row of its batch.
+
+    inputs: name -> numpy array (QUERY, REQUEST_OUTPUT_LEN; END_ID, PAD_ID, STOP_WORDS_DICT,
+    BAD_WORDS_DICT optional), each with the batch as its first dimension.
+    """
+    queries = inputs["QUERY"].reshape(inputs["QUERY"].shape[0], -1)
+    batch = queries.shape[0]
+    ids = [
+        encode_query(
+            tokenizer,
+            _texts(row)[0],
+            add_special_tokens=add_special_tokens,
+            max_input_len=max_input_len,
+        )
+        for row in queries
+    ]
+
+    def per_row(name, default):
+        value = inputs.get(name)
+        if value is None:
+            return np.full((batch, 1), default, dtype=np.int32)
+        return value.reshape(batch, -1)[:, :1].astype(np.int32)
+
+    def words(name):
+        value = inputs.get(name)
+        rows = (
+            [[] for _ in range(batch)]
+            if value is None
+            else [_texts(r) for r in value.reshape(batch, -1)]
+        )
+        return _pad_stack([words_to_ids(tokenizer, r) for r in rows], -1)
+
+    return {
+        "INPUT_ID": _pad_stack([np.array(r) for r in ids], pad_id),
+        "REQUEST_INPUT_LEN": np.array([[len(r)] for r in ids], dtype=np.int32),
+        "REQUEST_OUTPUT_LEN": inputs["REQUEST_OUTPUT_LEN"]
+        .reshape(batch, -1)[:, :1]
+        .astype(np.int32),
+        "OUT_END_ID": per_row("END_ID", end_id),
+        "OUT_PAD_ID": per_row("PAD_ID", pad_id),
+        "STOP_WORDS_IDS": words("STOP_WORDS_DICT"),
+        "BAD_WORDS_IDS": words("BAD_WORDS_DICT"),
+    }
+
+
+def default_end_id(tokenizer, tokenizer_dir):
+    """The end id: generation_config.json's (first) eos_token_id, else the tokenizer's EOS."""
+    gen = Path(tokenizer_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if isinstance(eos, list) and eos:
+            return int(eos[0])
+        if isinstance(eos, int):
+            return eos
+    return int(tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         from transformers import AutoTokenizer
 
-        params = _params(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            _tokenizer_dir(args, params["tokenizer_dir"])
-        )
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        path = Path(params["tokenizer_dir"])
+        path = path if path.is_absolute() else Path(args["model_repository"]) / path
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.add_special_tokens = params.get("add_special_tokens", "true").lower() in TRUE
         self.max_input_len = int(params.get("max_input_len", "0") or 0)
-        eos = self.tokenizer.eos_token_id
-        self.end_id = int(eos if eos is not None else 0)
+        self.end_id = default_end_id(self.tokenizer, path)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.end_id)
-
-    def _one(self, pb_utils, request):
-        def opt(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
-        query = opt("QUERY").reshape(-1)[0]
-        text = query.decode("utf-8") if isinstance(query, bytes) else str(query)
-        ids = encode_query(
-            self.tokenizer,
-            text,
-            add_special_tokens=self.add_special_tokens,
-            max_input_len=self.max_input_len,
-        )
-        out_len = opt("REQUEST_OUTPUT_LEN").reshape(1, 1).astype(np.int32)
-        end_id = opt("END_ID")
-        pad_id = opt("PAD_ID")
-
-        def words(name):
-            value = opt(name)
-            items = (
-                []
-                if value is None
-                else [
-                    w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in value.reshape(-1)
-                ]
-            )
-            return words_to_ids(self.tokenizer, items)[None]
-
-        tensors = {
-            "INPUT_ID": np.array([ids], dtype=np.int32),
-            "REQUEST_INPUT_LEN": np.array([[len(ids)]], dtype=np.int32),
-            "REQUEST_OUTPUT_LEN": out_len,
-            "OUT_END_ID": np.array(
-                [[self.end_id if end_id is None else int(end_id.reshape(-1)[0])]], dtype=np.int32
-            ),
-            "OUT_PAD_ID": np.array(
-                [[self.pad_id if pad_id is None else int(pad_id.reshape(-1)[0])]], dtype=np.int32
-            ),
-            "STOP_WORDS_IDS": words("STOP_WORDS_DICT"),
-            "BAD_WORDS_IDS": words("BAD_WORDS_DICT"),
-        }
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
-        )
 
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils
 
+        names = (
+            "QUERY",
+            "REQUEST_OUTPUT_LEN",
+            "END_ID",
+            "PAD_ID",
+            "STOP_WORDS_DICT",
+            "BAD_WORDS_DICT",
+        )
         responses = []
         for request in requests:
+            inputs = {}
+            for name in names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
             try:
-                responses.append(self._one(pb_utils, request))
+                outputs = preprocess(
+                    self.tokenizer,
+                    inputs,
+                    add_special_tokens=self.add_special_tokens,
+                    max_input_len=self.max_input_len,
+                    end_id=self.end_id,
+                    pad_id=self.pad_id,
+                )
             except ValueError as exc:
                 responses.append(
                     pb_utils.InferenceResponse(
                         output_tensors=[], error=pb_utils.TritonError(str(exc))
                     )
                 )
+                continue
+            tensors = [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
