@@ -188,7 +188,7 @@ def test_unsupported_architecture_and_debug_traceback(
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path))
     assert (
         code == 4
-        and "MambaForCausalLM is not supported: supported are LlamaForCausalLM" in err
+        and "MambaForCausalLM is not supported: supported are GPT2LMHeadModel, LlamaForCausalLM" in err
         and "Traceback" not in err
     )
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path), "--debug")

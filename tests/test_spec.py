@@ -38,8 +38,7 @@ def test_toml_then_flags_override(tmp_path: Path) -> None:
         ),
         ({"limits": {"max_batch": 3}}, {}, "unknown key(s) max_batch in [limits]"),
         ({}, {"tp": 0}, "tp must be a positive integer"),
-        ({"pp": 2}, {}, "not implemented yet: build with --tp 1 --pp 1"),
-        ({}, {"dtype": "int4"}, "use one of float16, bfloat16, float32, int8, int8-wo"),
+        ({}, {"dtype": "int4"}, "use one of float16, bfloat16, float32, auto, int8, int8-wo"),
         (
             {"limits": {"max_input_len": 4096, "max_seq_len": 2048}},
             {},

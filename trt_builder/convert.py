@@ -1,66 +1,54 @@
-"""HF checkpoint -> TensorRT-LLM checkpoint (config.json + rank0.safetensors)."""
+"""HF checkpoint -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors), streamed.
+
+Every name and shape is checked against the config before anything is written; then one HF
+tensor set at a time is read, combined, checked for NaN/Inf, cast, split into its ranks and
+written at its place in each rank file. Peak memory is about the largest tensor, whatever the
+model's size.
+"""
 
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from .errors import ConversionError, InputError, SpecError
+from .errors import ConversionError, InputError
 from .fetch import read_hf_config
 from .models import Family, TensorRule, family_for
+from .parallel import Mapping, check_mapping, shard
 from .quant import QuantMode
+from .safetensors_io import SafetensorsIndex, StreamingWriter
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-class SafetensorsReader:
-    """Lazy, memory-mapped access to every tensor of an HF checkpoint's *.safetensors files."""
-
-    def __init__(self, hf_dir: Path, stack: ExitStack) -> None:
-        files = sorted(hf_dir.glob("*.safetensors"))
-        if not files:
-            raise InputError(
-                f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
-            )
-        self.where: dict[str, Any] = {}
-        for path in files:
-            try:
-                handle = stack.enter_context(safe_open(str(path), framework="pt"))
-            except Exception as exc:  # safetensors raises its own error types for bad headers
-                raise InputError(
-                    f"{path.name} is not a readable safetensors file ({exc}): re-fetch with --force"
-                ) from None
-            for name in handle.keys():  # noqa: SIM118
-                self.where[name] = handle
-
-    def get(self, name: str) -> torch.Tensor:
-        if name not in self.where:
-            raise ConversionError(f"tensor {name} is missing from the HF checkpoint")
-        return self.where[name].get_tensor(name)
+def resolve_dtype(dtype: str, hf_config: dict[str, Any]) -> str:
+    """`auto` is the checkpoint's own dtype, with float32 sources written as float16."""
+    if dtype != "auto":
+        return dtype
+    text = hf_config.get("text_config") or {}
+    source = (
+        hf_config.get("dtype") or hf_config.get("torch_dtype") or text.get("dtype") or "float16"
+    )
+    return "float16" if source == "float32" or source not in _TORCH_DTYPES else str(source)
 
 
-def _check(rule: TensorRule, tensor: torch.Tensor) -> None:
-    if tuple(tensor.shape) != rule.shape:
-        raise ConversionError(
-            f"{rule.name} ({', '.join(rule.sources)}) has shape {tuple(tensor.shape)}, "
-            f"the config implies {rule.shape}: the weights do not match config.json"
-        )
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise ConversionError(f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values")
-
-
-def trtllm_config(family: Family, hf_config: dict[str, Any], mode: QuantMode) -> dict[str, Any]:
+def trtllm_config(
+    family: Family, hf_config: dict[str, Any], mode: QuantMode, *, tp: int = 1, pp: int = 1
+) -> dict[str, Any]:
     config = family.config(hf_config)
     config.update(
-        dtype=mode.dtype,
+        dtype=resolve_dtype(mode.dtype, hf_config),
         logits_dtype="float32",
-        mapping={"world_size": 1, "tp_size": 1, "pp_size": 1, "cp_size": 1, "gpus_per_node": 8},
+        mapping={
+            "world_size": tp * pp,
+            "tp_size": tp,
+            "pp_size": pp,
+            "cp_size": 1,
+            "gpus_per_node": 8,
+        },
         quantization={
             "quant_algo": mode.quant_algo,
             "kv_cache_quant_algo": None,
@@ -72,46 +60,106 @@ def trtllm_config(family: Family, hf_config: dict[str, Any], mode: QuantMode) ->
     return config
 
 
+def plan_conversion(
+    hf_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
+) -> tuple[Family, dict[str, Any], list[TensorRule], SafetensorsIndex]:
+    """Check everything that can be checked without reading weights: architecture, tp/pp,
+    every expected tensor present with the shape the config implies, nothing left over."""
+    hf_config = read_hf_config(hf_dir)
+    family = family_for(hf_config)
+    config = trtllm_config(family, hf_config, mode, tp=tp, pp=pp)
+    check_mapping(config, tp, pp)
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(
+            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
+        )
+    index = SafetensorsIndex(files)
+    names = set(index.names())
+    rules = list(family.tensors(hf_config, names))
+    consumed: set[str] = set()
+    for rule in rules:
+        for source in rule.sources:
+            if source not in index:
+                raise ConversionError(
+                    f"tensor {source} is missing from the HF checkpoint (needed for {rule.name})"
+                )
+        consumed.update(rule.sources)
+        shape = _combined_shape(rule, index)
+        if shape != rule.shape:
+            raise ConversionError(
+                f"{rule.name} ({', '.join(rule.sources)}) has shape {shape}, the config implies "
+                f"{rule.shape}: the weights do not match config.json"
+            )
+    if config.get("tie_word_embeddings"):
+        consumed.add("lm_head.weight")  # some repos store the tied copy too
+    leftover = sorted(n for n in names - consumed if not family.is_ignored(n))
+    if leftover:
+        raise ConversionError(
+            f"{len(leftover)} HF tensor(s) are not mapped by the {family.name} family, e.g. {leftover[0]}: "
+            "the checkpoint has parts this converter does not know"
+        )
+    return family, config, rules, index
+
+
+def _combined_shape(rule: TensorRule, index: SafetensorsIndex) -> tuple[int, ...]:
+    shapes = [index.entries[s].shape for s in rule.sources]
+    if rule.transpose:
+        shapes = [tuple(reversed(s)) for s in shapes]
+    if len(shapes) == 1:
+        return shapes[0]
+    return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+
+def _load(rule: TensorRule, index: SafetensorsIndex) -> torch.Tensor:
+    parts = [index.read(s) for s in rule.sources]
+    if rule.transpose:
+        parts = [p.t() for p in parts]
+    tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise ConversionError(f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values")
+    return tensor
+
+
 def convert_checkpoint(
     hf_dir: Path, out_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary."""
-    if tp != 1 or pp != 1:
-        raise SpecError(
-            "tensor/pipeline-parallel conversion is not implemented yet: build with --tp 1 --pp 1"
-        )
-    hf_config = read_hf_config(hf_dir)
-    family = family_for(hf_config)
-    config = trtllm_config(family, hf_config, mode)
-    dtype = _TORCH_DTYPES[mode.dtype]
-    out: dict[str, torch.Tensor] = {}
-    with ExitStack() as stack:
-        reader = SafetensorsReader(hf_dir, stack)
-        consumed: set[str] = set()
-        for rule in family.tensors(hf_config):
-            parts = [reader.get(s) for s in rule.sources]
-            consumed.update(rule.sources)
-            tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-            _check(rule, tensor)
+    family, config, rules, index = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
+    mapping = Mapping.from_config(config)
+    dtype = _TORCH_DTYPES[config["dtype"]]
+    plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
+    for rule in rules:  # shapes per rank, from the same split code run on meta tensors
+        for rank, name, piece in shard(rule.name, torch.empty(rule.shape, device="meta"), mapping):
+            plans[rank][name] = (dtype, tuple(piece.shape))
+    writers = [
+        StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
+        for rank, plan in enumerate(plans)
+    ]
+    try:
+        for rule in rules:
             # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
             # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
-            out[rule.name] = tensor.to(dtype, copy=True).contiguous()  # never a view of the mmap
-        if config["tie_word_embeddings"]:
-            consumed.add("lm_head.weight")  # some repos store the tied copy too
-        leftover = sorted(n for n in set(reader.where) - consumed if not n.endswith(family.ignored))
-        if leftover:
-            raise ConversionError(
-                f"{len(leftover)} HF tensor(s) are not mapped by the {family.name} family, e.g. {leftover[0]}: "
-                "the checkpoint has parts this converter does not know"
-            )
-    save_file(out, str(out_dir / "rank0.safetensors"), metadata={"format": "pt"})
+            tensor = _load(rule, index).to(dtype)
+            for rank, name, piece in shard(rule.name, tensor, mapping):
+                writers[rank].write(name, piece)
+            del tensor
+    finally:
+        index.close()
+        for writer in writers:
+            writer.fh.close()
+    for writer in writers:
+        writer.close()  # raises if a planned tensor was never written
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {
         "architecture": config["architecture"],
         "family": family.name,
-        "dtype": mode.dtype,
+        "dtype": config["dtype"],
         "quant_algo": mode.quant_algo,
-        "tensors": len(out),
+        "tp": tp,
+        "pp": pp,
+        "tensors": len(rules),
         "rotary_base": config.get("rotary_base"),
         "rotary_scaling": config.get("rotary_scaling"),
+        "notes": list(family.notes),
     }

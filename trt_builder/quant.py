@@ -6,13 +6,14 @@ from dataclasses import asdict, dataclass
 
 from .errors import SpecError
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32")
-DTYPE_CHOICES = ("float16", "bfloat16", "float32", "int8", "int8-wo")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "auto")  # auto: the checkpoint's own
+DTYPE_CHOICES = ("float16", "bfloat16", "float32", "auto", "int8", "int8-wo")
 
 
 @dataclass(frozen=True)
 class FloatMode:
-    """Weights and activations in one floating-point dtype."""
+    """Weights and activations in one floating-point dtype (`auto`: the checkpoint's own, with
+    float32 written as float16)."""
 
     dtype: str = "float16"
 

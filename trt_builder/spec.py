@@ -89,10 +89,6 @@ class BuildSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name} must be a positive integer, got {value!r}")
-        if self.tp * self.pp != 1:  # refused before any work is done
-            raise SpecError(
-                "tensor/pipeline-parallel conversion is not implemented yet: build with --tp 1 --pp 1"
-            )
         if self.target_gpu not in GPUS:
             raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):

@@ -197,11 +197,12 @@ def models_command() -> None:
     Example:
       trt-builder models
     """
-    from ..models import REGISTRY, _load_all
+    from ..models import REGISTRY, load_all
 
-    _load_all()
+    load_all()
     for arch, family in sorted(REGISTRY.items()):
-        click.echo(f"{arch:<28} family={family.name:<8} -> {family.trtllm_architecture}")
+        notes = f"  ({'; '.join(family.notes)})" if family.notes else ""
+        click.echo(f"{arch:<36} family={family.name}{notes}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedModelError
@@ -11,16 +11,14 @@ from ..errors import UnsupportedModelError
 
 @dataclass(frozen=True)
 class TensorRule:
-    """One output tensor: its TensorRT-LLM name, the HF tensors it is made of, and how.
-
-    kind: "norm" (copied), "embedding", "lm_head", "qkv" (q, k, v concatenated on the output
-    dim), "linear" (a dense layer stored [out, in]; weight-only quantizable).
-    """
+    """One output tensor (full model, TP=1): its TensorRT-LLM name, the HF tensors it is made of
+    (several are concatenated on dim 0, as q, k and v into qkv), and its shape. `transpose`
+    marks HF Conv1D weights, stored [in, out]."""
 
     name: str
     sources: tuple[str, ...]
-    kind: str
     shape: tuple[int, ...]
+    transpose: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,10 +26,13 @@ class Family:
     """How one HF architecture family maps onto a TensorRT-LLM checkpoint."""
 
     name: str
-    trtllm_architecture: str
     config: Callable[[dict[str, Any]], dict[str, Any]]  # HF config -> TRT-LLM config fields
-    tensors: Callable[[dict[str, Any]], Iterator[TensorRule]]
-    ignored: tuple[str, ...] = ()  # HF tensor name suffixes that are expected and unused
+    tensors: Callable[[dict[str, Any], set[str]], Iterator[TensorRule]]  # (HF config, HF names)
+    ignored: tuple[str, ...] = ()  # HF tensor name prefixes/suffixes that are expected and unused
+    notes: tuple[str, ...] = field(default=())  # said to the user on every conversion
+
+    def is_ignored(self, name: str) -> bool:
+        return any(name.startswith(p) or name.endswith(p) for p in self.ignored)
 
 
 REGISTRY: dict[str, Family] = {}
@@ -48,7 +49,7 @@ def register(*architectures: str) -> Callable[[Family], Family]:
 
 def family_for(hf_config: dict[str, Any]) -> Family:
     """The family of an HF config, or an error listing what is supported."""
-    _load_all()
+    load_all()
     archs = hf_config.get("architectures") or []
     for arch in archs:
         if arch in REGISTRY:
@@ -59,5 +60,5 @@ def family_for(hf_config: dict[str, Any]) -> Family:
     )
 
 
-def _load_all() -> None:
-    from . import llama  # noqa: F401  (registers itself)
+def load_all() -> None:
+    from . import gpt2, llama, qwen  # noqa: F401  (each registers itself)

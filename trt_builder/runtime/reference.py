@@ -1,9 +1,9 @@
 """A torch runtime that executes a TensorRT-LLM checkpoint with TensorRT-LLM's semantics.
 
-It reads config.json and rank0.safetensors as the engine builder would (TensorRT-LLM names,
-fc/gate order, fused QKV, per-channel INT8 weight scales, rotary_base / rotary_scaling) and
-computes in float32 while rounding every activation the engine stores to the checkpoint dtype,
-so float16 overflow and rounding show up here as they would on the GPU.
+It reads config.json and the rank{N}.safetensors files as the engine builder would (TensorRT-LLM
+names, fc/gate order, fused QKV, W8A16 per-channel INT8 rounding, rotary_base / rotary_scaling,
+TP/PP ranks merged back) and computes in float32 while rounding every activation the engine
+stores to the checkpoint dtype, so float16 overflow and rounding show up here as on the GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from ..errors import InputError
+from ..parallel import Mapping, merge
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -44,6 +45,19 @@ def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None) -> torc
         raise InputError(f"rotary_scaling type {kind!r} is not supported by the reference runtime")
     return inv.float()
 
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")  # TensorRT-LLM's gelu is the tanh form
+
+
+_ACTIVATIONS: dict[str, Any] = {
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "gelu": _gelu_tanh,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "relu": F.relu,
+}
 
 #: Linears trtllm-build quantizes for W8A16 (TensorRT-LLM's weight_only_quantize_dict).
 WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
@@ -79,7 +93,13 @@ class KVCache:
 
 
 class ReferenceModel:
-    """Executes a Llama-family TensorRT-LLM checkpoint (TP=1, PP=1)."""
+    """Executes a TensorRT-LLM checkpoint of any registered family; TP/PP ranks are merged first.
+
+    What a layer does is read from the checkpoint, as the engine builder reads it: LayerNorm
+    where the norms have biases (GPT-2) else RMSNorm; a gated MLP where `mlp.gate` exists
+    (SwiGLU) else fc -> activation -> proj; q/k RMSNorm where `q_layernorm` exists (Qwen3);
+    learned positions or rope from `position_embedding_type`; biases wherever they are stored.
+    """
 
     def __init__(
         self, config: dict[str, Any], weights: dict[str, torch.Tensor], device: str = "cpu"
@@ -94,11 +114,21 @@ class ReferenceModel:
         self.head = config.get("head_size") or config["hidden_size"] // self.heads
         self.layers = config["num_hidden_layers"]
         self.eps = float(config.get("norm_epsilon", 1e-5))
-        rot_dim = int(config.get("rotary_embedding_dim") or self.head)
+        self.learned_positions = config.get("position_embedding_type") == "learned_absolute"
+        self.act = _ACTIVATIONS.get(config.get("hidden_act", "silu"))
+        if self.act is None:
+            raise InputError(
+                f"hidden_act {config.get('hidden_act')!r} is not supported by the reference runtime"
+            )
+        self.gated = "transformer.layers.0.mlp.gate.weight" in self.w
+        self.qk_norm = "transformer.layers.0.attention.q_layernorm.weight" in self.w
+        rot_dim = int(
+            config.get("rotary_embedding_dim") or self.head * float(config.get("rotary_pct", 1.0))
+        )
         self.inv_freq = rope_inv_freq(
-            rot_dim, float(config.get("rotary_base", 10000.0)), config.get("rotary_scaling")
+            rot_dim, float(config.get("rotary_base") or 10000.0), config.get("rotary_scaling")
         ).to(device)
-        self._dense = {name: self._dequantize(name) for name in self.w if name.endswith(".weight")}
+        self._dense = {name: self._dequantize(name) for name in self.w}
 
     @classmethod
     def load(cls, checkpoint: Path, device: str = "cpu") -> ReferenceModel:
@@ -108,24 +138,22 @@ class ReferenceModel:
                 f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory"
             )
         config = json.loads(cfg_path.read_text())
-        mapping = config.get("mapping") or {}
-        if mapping.get("world_size", 1) != 1:
-            raise InputError(
-                "the reference runtime runs TP=1, PP=1 checkpoints only: convert with --tp 1 --pp 1"
-            )
-        if config.get("architecture") != "LlamaForCausalLM":
-            raise InputError(
-                f"the reference runtime does not run {config.get('architecture')!r} checkpoints yet"
-            )
-        weights: dict[str, torch.Tensor] = {}
-        with safe_open(str(checkpoint / "rank0.safetensors"), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118  (safe_open is not a mapping)
-                weights[name] = fh.get_tensor(name)
+        mapping = Mapping.from_config(config)
+        ranks = []
+        for rank in range(mapping.world):
+            path = checkpoint / f"rank{rank}.safetensors"
+            if not path.is_file():
+                raise InputError(
+                    f"{checkpoint} lacks {path.name} (world size {mapping.world}): reconvert it"
+                )
+            with safe_open(str(path), framework="pt") as fh:
+                ranks.append({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
+        weights = ranks[0] if mapping.world == 1 else merge(ranks, mapping)
         return cls(config, weights, device)
 
     # -- numerics ---------------------------------------------------------------------------
     def _dequantize(self, name: str) -> torch.Tensor:
-        """A weight as float32 [out, in], INT8-rounded where the engine quantizes it."""
+        """A weight as float32, INT8-rounded where the engine quantizes it."""
         w = self.w[name]
         if w.dtype == torch.int8:
             raise InputError(
@@ -140,11 +168,16 @@ class ReferenceModel:
         return x if self.dtype == torch.float32 else x.to(self.dtype).float()
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return self._round(x @ self._dense[name + ".weight"].T)
+        y = x @ self._dense[name + ".weight"].T
+        bias = self._dense.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
 
-    def _rmsnorm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        weight, bias = self._dense[name + ".weight"], self._dense.get(name + ".bias")
+        if bias is not None:  # LayerNorm
+            return self._round(F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps))
         var = x.pow(2).mean(-1, keepdim=True)
-        return self._round(x * torch.rsqrt(var + self.eps) * self._dense[name + ".weight"])
+        return self._round(x * torch.rsqrt(var + self.eps) * weight)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions.float()[:, None] * self.inv_freq[None, :]
@@ -164,7 +197,10 @@ class ReferenceModel:
         q = qkv[:, :q_dim].reshape(t, self.heads, self.head).transpose(0, 1)
         k = qkv[:, q_dim : q_dim + kv_dim].reshape(t, self.kv_heads, self.head).transpose(0, 1)
         v = qkv[:, q_dim + kv_dim :].reshape(t, self.kv_heads, self.head).transpose(0, 1)
-        q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        if self.qk_norm:
+            q, k = self._norm(q, f"{p}.q_layernorm"), self._norm(k, f"{p}.k_layernorm")
+        if not self.learned_positions:
+            q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
         if len(cache.keys) > i:
             k = torch.cat((cache.keys[i], k), dim=1)
             v = torch.cat((cache.values[i], v), dim=1)
@@ -184,8 +220,10 @@ class ReferenceModel:
 
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         p = f"transformer.layers.{i}.mlp"
-        act = self._round(F.silu(self._linear(h, f"{p}.fc")) * self._linear(h, f"{p}.gate"))
-        return self._linear(act, f"{p}.proj")
+        act = self.act(self._linear(h, f"{p}.fc"))  # type: ignore[misc]
+        if self.gated:
+            act = act * self._linear(h, f"{p}.gate")
+        return self._linear(self._round(act), f"{p}.proj")
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -194,14 +232,16 @@ class ReferenceModel:
         ids = ids.to(self.device)
         positions = torch.arange(cache.length, cache.length + ids.shape[0], device=self.device)
         x = self._dense["transformer.vocab_embedding.weight"][ids]
+        if self.learned_positions:
+            x = x + self._dense["transformer.position_embedding.weight"][positions]
         x = self._round(x)
         for i in range(self.layers):
             lp = f"transformer.layers.{i}"
             x = self._round(
-                x + self._attention(i, self._rmsnorm(x, f"{lp}.input_layernorm"), cache, positions)
+                x + self._attention(i, self._norm(x, f"{lp}.input_layernorm"), cache, positions)
             )
-            x = self._round(x + self._mlp(i, self._rmsnorm(x, f"{lp}.post_layernorm")))
-        x = self._rmsnorm(x, "transformer.ln_f")
+            x = self._round(x + self._mlp(i, self._norm(x, f"{lp}.post_layernorm")))
+        x = self._norm(x, "transformer.ln_f")
         return (x @ self._dense["lm_head.weight"].T).float()
 
     @torch.inference_mode()

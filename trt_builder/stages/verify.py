@@ -7,13 +7,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..fsio import write_json
-from ..gates import Gate, gate_for
+from ..gates import Gate, checkpoint_mode, gate_for
 from .base import BuildContext
 
 
 def _gate(ctx: BuildContext) -> Gate:
+    """The gate of the checkpoint's mode (`auto` resolves to the dtype convert wrote)."""
     opts = ctx.spec.verify
-    return gate_for(ctx.spec.mode.name, min_top1=opts.min_top1, max_kl=opts.max_kl)
+    mode = ctx.spec.mode.name
+    if (ctx.layout.checkpoint / "config.json").is_file():
+        mode = checkpoint_mode(ctx.layout.checkpoint)
+    return gate_for(mode, min_top1=opts.min_top1, max_kl=opts.max_kl)
 
 
 class VerifyStage:

@@ -1,0 +1,203 @@
+"""Tensor- and pipeline-parallel ranks in TensorRT-LLM's checkpoint layout.
+
+A rank is `pp_rank * tp + tp_rank`. Within tensor parallelism, a tensor is split by what it is
+(its name's suffix): QKV per head group (KV heads duplicated when there are fewer than ranks),
+column-parallel layers on the output dim, row-parallel layers on the input dim, lm_head on the
+vocabulary after padding it to a multiple of tp; everything else (norms, embeddings, row
+biases) is replicated. Pipeline ranks hold contiguous layer ranges, renumbered from 0, the
+embeddings on the first rank and ln_f/lm_head on the last.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .errors import SpecError
+
+#: TensorRT-LLM's tensor-parallel kind by tensor-name suffix (TL convert_utils); default replicated.
+TP_KIND: tuple[tuple[str, str], ...] = (
+    ("attention.qkv.weight", "qkv"),
+    ("attention.qkv.bias", "qkv"),
+    ("attention.dense.weight", "row"),
+    ("mlp.fc.weight", "column"),
+    ("mlp.fc.bias", "column"),
+    ("mlp.gate.weight", "column"),
+    ("mlp.gate.bias", "column"),
+    ("mlp.proj.weight", "row"),
+    ("lm_head.weight", "vocab"),
+)
+FIRST_STAGE = ("transformer.vocab_embedding.", "transformer.position_embedding.")
+LAST_STAGE = ("transformer.ln_f.", "lm_head.")
+_LAYER = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    tp: int
+    pp: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Mapping:
+        mapping = config.get("mapping") or {}
+        heads = config["num_attention_heads"]
+        return cls(
+            tp=mapping.get("tp_size", 1),
+            pp=mapping.get("pp_size", 1),
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_size=config.get("head_size") or config["hidden_size"] // heads,
+            vocab=config["vocab_size"],
+        )
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    def layer_range(self, pp_rank: int) -> range:
+        per = self.layers // self.pp
+        return range(pp_rank * per, (pp_rank + 1) * per)
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab // self.tp) * self.tp
+
+
+def check_mapping(config: dict[str, Any], tp: int, pp: int) -> None:
+    """Refuse a tp/pp the model cannot be split into, naming values that work."""
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    layers = config["num_hidden_layers"]
+    inter = config.get("intermediate_size", 4 * config["hidden_size"])
+    good_tp = [
+        t
+        for t in range(1, heads + 1)
+        if heads % t == 0 and (kv % t == 0 or t % kv == 0) and inter % t == 0
+    ]
+    if tp not in good_tp:
+        raise SpecError(
+            f"--tp {tp} does not divide this model ({heads} attention heads, {kv} KV heads, "
+            f"intermediate size {inter}): use one of {', '.join(map(str, good_tp))}"
+        )
+    if layers % pp:
+        good_pp = [p for p in range(1, layers + 1) if layers % p == 0]
+        raise SpecError(
+            f"--pp {pp} does not divide {layers} layers: use one of {', '.join(map(str, good_pp))}"
+        )
+
+
+def tp_kind(name: str) -> str:
+    return next((kind for suffix, kind in TP_KIND if name.endswith(suffix)), "replicated")
+
+
+def _split_qkv(t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
+    q_rows, kv_rows = m.heads * m.head_size, m.kv_heads * m.head_size
+    q, k, v = t.split([q_rows, kv_rows, kv_rows], dim=0)
+    if m.kv_heads < m.tp:  # each KV head serves tp // kv ranks: repeat it
+        rep = m.tp // m.kv_heads
+        k = (
+            k.reshape(m.kv_heads, m.head_size, *k.shape[1:])
+            .repeat_interleave(rep, 0)
+            .reshape(-1, *k.shape[1:])
+        )
+        v = (
+            v.reshape(m.kv_heads, m.head_size, *v.shape[1:])
+            .repeat_interleave(rep, 0)
+            .reshape(-1, *v.shape[1:])
+        )
+    parts = zip(q.chunk(m.tp, 0), k.chunk(m.tp, 0), v.chunk(m.tp, 0), strict=True)
+    return [torch.cat(p, dim=0) for p in parts]
+
+
+def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
+    """The tp pieces of one full tensor, in tp-rank order."""
+    if m.tp == 1:
+        return [t]
+    kind = tp_kind(name)
+    if kind == "qkv":
+        return _split_qkv(t, m)
+    if kind == "column":
+        return list(t.chunk(m.tp, 0))
+    if kind == "row":
+        return list(t.chunk(m.tp, 1))
+    if kind == "vocab":
+        pad = m.padded_vocab - t.shape[0]
+        padded = F.pad(t, (0, 0, 0, pad)) if pad else t
+        return list(padded.chunk(m.tp, 0))
+    return [t] * m.tp
+
+
+def place(name: str, m: Mapping) -> list[tuple[int, str]]:
+    """(pp rank, name on that rank) for a full-model tensor name."""
+    match = _LAYER.match(name)
+    if match:
+        layer = int(match.group(1))
+        pp_rank = layer // (m.layers // m.pp)
+        local = layer - m.layer_range(pp_rank).start
+        return [(pp_rank, f"transformer.layers.{local}.{match.group(2)}")]
+    if name.startswith(FIRST_STAGE):
+        return [(0, name)]
+    if name.startswith(LAST_STAGE):
+        return [(m.pp - 1, name)]
+    raise ValueError(f"{name}: no pipeline placement rule")
+
+
+def shard(name: str, t: torch.Tensor, m: Mapping) -> list[tuple[int, str, torch.Tensor]]:
+    """(rank, name, piece) for every rank that holds part of tensor `name`."""
+    out = []
+    for pp_rank, local in place(name, m):
+        for tp_rank, piece in enumerate(split_tp(name, t, m)):
+            out.append((pp_rank * m.tp + tp_rank, local, piece.contiguous()))
+    return out
+
+
+def merge(ranks: list[dict[str, torch.Tensor]], m: Mapping) -> dict[str, torch.Tensor]:
+    """Reassemble rank tensors into the TP=1, PP=1 checkpoint (inverse of `shard`)."""
+    merged: dict[str, torch.Tensor] = {}
+    for pp_rank in range(m.pp):
+        group = ranks[pp_rank * m.tp : (pp_rank + 1) * m.tp]
+        offset = m.layer_range(pp_rank).start
+        for local in group[0]:
+            match = _LAYER.match(local)
+            name = (
+                f"transformer.layers.{int(match.group(1)) + offset}.{match.group(2)}"
+                if match
+                else local
+            )
+            merged[name] = _merge_tp(name, [g[local] for g in group], m)
+    return merged
+
+
+def _merge_tp(name: str, pieces: list[torch.Tensor], m: Mapping) -> torch.Tensor:
+    if m.tp == 1:
+        return pieces[0]
+    kind = tp_kind(name)
+    if kind == "column":
+        return torch.cat(pieces, 0)
+    if kind == "row":
+        return torch.cat(pieces, 1)
+    if kind == "vocab":
+        return torch.cat(pieces, 0)[: m.vocab]
+    if kind == "qkv":
+        q_rows = m.heads * m.head_size // m.tp
+        kv_rows = (pieces[0].shape[0] - q_rows) // 2
+        split = [p.split([q_rows, kv_rows, kv_rows], dim=0) for p in pieces]
+        q = torch.cat([s[0] for s in split], 0)
+        k = torch.cat([s[1] for s in split], 0)
+        v = torch.cat([s[2] for s in split], 0)
+        if m.kv_heads < m.tp:  # undo the duplication: keep one copy of each KV head
+            rep = m.tp // m.kv_heads
+            k = k.reshape(m.tp, m.head_size, *k.shape[1:])[::rep].reshape(-1, *k.shape[1:])
+            v = v.reshape(m.tp, m.head_size, *v.shape[1:])[::rep].reshape(-1, *v.shape[1:])
+        return torch.cat([q, k, v], 0)
+    return pieces[0]
