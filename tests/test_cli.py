@@ -188,7 +188,8 @@ def test_unsupported_architecture_and_debug_traceback(
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path))
     assert (
         code == 4
-        and "MambaForCausalLM is not supported: supported are GPT2LMHeadModel, LlamaForCausalLM" in err
+        and "MambaForCausalLM is not supported: supported are GPT2LMHeadModel, LlamaForCausalLM"
+        in err
         and "Traceback" not in err
     )
     code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path), "--debug")
@@ -339,3 +340,29 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
         "engine": "skipped",
         "package": "ran",
     }
+
+
+def test_impossible_tp_is_refused_before_any_work(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--tp", "3")
+    assert code == 2 and "--tp 3 does not divide this model" in err and "use one of 1, 2, 4" in err
+    assert not (tmp_path / "engines").exists()
+    code, result, _ = _cli(
+        capsys,
+        "build",
+        *_common(tiny_llama, tmp_path),
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dtype",
+        "float32",
+        "--json",
+    )
+    assert code == 0 and result["variant"] == "float32-tp2-pp2"  # type: ignore[index]
+    checkpoint = Path(result["variant_dir"]) / "checkpoint"  # type: ignore[index]
+    assert sorted(p.name for p in checkpoint.glob("rank*.safetensors")) == [
+        f"rank{r}.safetensors" for r in range(4)
+    ]
+    assert "--workers 4" in result["stages"][3]["details"]["command"]  # type: ignore[index]

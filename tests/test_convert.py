@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from conftest import edit_json
 from trt_builder.convert import convert_checkpoint
 from trt_builder.digests import sha256_file
-from trt_builder.errors import ConversionError, SpecError, UnsupportedModelError
+from trt_builder.errors import ConversionError, UnsupportedModelError
 from trt_builder.quant import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
@@ -136,5 +136,3 @@ def test_missing_tensor_and_unsupported_architecture(tiny_copy: Path, tmp_path: 
         match="FalconForCausalLM is not supported: supported are GPT2LMHeadModel, LlamaForCausalLM",
     ):
         _convert(tiny_copy, tmp_path / "b")
-
-

@@ -104,7 +104,9 @@ def test_engine_from_an_older_checkpoint_is_not_packaged(
     monkeypatch.delenv(EXECUTABLE_ENV)
     original = convert_module.trtllm_config
     monkeypatch.setattr(
-        convert_module, "trtllm_config", lambda *a, **k: {**original(*a, **k), "residual_mlp": False}
+        convert_module,
+        "trtllm_config",
+        lambda *a, **k: {**original(*a, **k), "residual_mlp": False},
     )
     monkeypatch.setattr(ConvertStage, "version", 2)
     result = run(_spec(tiny_llama, tmp_path))

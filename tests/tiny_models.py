@@ -84,3 +84,71 @@ def make_tiny_llama(path: Path, tokenizer_dir: Path, *, seed: int = 0, **overrid
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(path)
     for item in tokenizer_dir.iterdir():
         shutil.copy2(item, path / item.name)
+
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "qwen2.5-vl")
+
+
+def tiny_config(family: str, vocab_size: int, **overrides: Any) -> Any:
+    """A 2-layer, hidden-64 config of one family (GQA where the family has it)."""
+    import transformers as tf
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.25, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    if family == "llama":
+        return tiny_llama_config(vocab_size, **overrides)
+    if family == "mistral":
+        config = tf.MistralConfig(**{**common, "sliding_window": None, **overrides})
+    elif family == "qwen2":
+        config = tf.Qwen2Config(**{**common, "tie_word_embeddings": True, **overrides})
+    elif family == "qwen3":
+        config = tf.Qwen3Config(
+            **{**common, "head_dim": 32, "tie_word_embeddings": True, **overrides}
+        )
+    elif family == "gpt2":
+        gpt = dict(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                   initializer_range=0.25, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        config = tf.GPT2Config(**{**gpt, **overrides})
+    elif family == "qwen2.5-vl":
+        text = {
+            **common,
+            "rope_parameters": {
+                "rope_type": "default",
+                "mrope_section": [2, 3, 3],
+                "rope_theta": 10000.0,
+            },
+        }
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                      fullatt_block_indexes=[0])  # fmt: skip
+        config = tf.Qwen2_5_VLConfig(text_config={**text, **overrides}, vision_config=vision)
+    else:
+        raise ValueError(family)
+    return config
+
+
+def make_tiny(
+    family: str, path: Path, tokenizer_dir: Path, *, seed: int = 0, **overrides: Any
+) -> None:
+    """Save a random model of `family` (float32 safetensors) with the tokenizer beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    if family == "llama":
+        make_tiny_llama(path, tokenizer_dir, seed=seed, **overrides)
+        return
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    config = tiny_config(family, overrides.pop("vocab_size", len(tokenizer)), **overrides)
+    if family == "qwen2.5-vl":
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    else:
+        model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(path)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy2(item, path / item.name)

@@ -81,9 +81,22 @@ def prepare(spec: BuildSpec, *, force: bool = False) -> BuildContext:
     source = resolve_source(spec.model, spec.revision, digests)
     layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root)
     ctx = BuildContext(spec, source, layout, digests, force=force)
+    if spec.tp * spec.pp > 1 and source.kind == "local":
+        _check_split_early(Path(source.ref), spec)
     if spec.mode_notice:
         ctx.notices.append(spec.mode_notice)
     return ctx
+
+
+def _check_split_early(model_dir: Path, spec: BuildSpec) -> None:
+    """Refuse an impossible tp/pp before any work when the model's config is already at hand
+    (others are refused by convert before it writes anything)."""
+    from .fetch import read_hf_config
+    from .models import family_for
+    from .parallel import check_mapping
+
+    hf_config = read_hf_config(model_dir)
+    check_mapping(family_for(hf_config).config(hf_config), spec.tp, spec.pp)
 
 
 @contextmanager

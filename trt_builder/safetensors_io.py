@@ -127,6 +127,12 @@ class SafetensorsIndex:
             return torch.empty(entry.shape, dtype=DTYPES[entry.dtype])
         return torch.frombuffer(buf, dtype=DTYPES[entry.dtype]).reshape(entry.shape)
 
+    def __enter__(self) -> SafetensorsIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -1,0 +1,106 @@
+"""The streaming reader and writer: byte-identical to the safetensors library, and strict."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from trt_builder.errors import InputError
+from trt_builder.safetensors_io import SafetensorsIndex, StreamingWriter
+
+TENSORS = {
+    "b": torch.arange(15, dtype=torch.float32).reshape(3, 5).to(torch.bfloat16),
+    "a": torch.tensor([-5, 0, 4, 127], dtype=torch.int8),
+    "c": torch.linspace(-1, 1, 7),
+    "empty": torch.zeros(0, 4, dtype=torch.float16),
+}
+
+
+def test_writer_matches_the_library_byte_for_byte_in_any_order(tmp_path: Path) -> None:
+    save_file(TENSORS, str(tmp_path / "lib.safetensors"), metadata={"format": "pt"})
+    plan = {k: (v.dtype, tuple(v.shape)) for k, v in TENSORS.items()}
+    writer = StreamingWriter(tmp_path / "ours.safetensors", plan, {"format": "pt"})
+    for name in ("c", "empty", "a", "b"):
+        writer.write(name, TENSORS[name])
+    writer.close()
+    assert (tmp_path / "ours.safetensors").read_bytes() == (
+        tmp_path / "lib.safetensors"
+    ).read_bytes()
+    index = SafetensorsIndex([tmp_path / "ours.safetensors"])
+    assert all(torch.equal(index.read(k), v) for k, v in TENSORS.items())
+    index.close()
+
+
+def test_writer_refuses_a_wrong_tensor_and_a_missing_one(tmp_path: Path) -> None:
+    writer = StreamingWriter(
+        tmp_path / "x.safetensors", {"w": (torch.float16, (2, 2)), "v": (torch.float16, (2,))}
+    )
+    with pytest.raises(ValueError, match="planned torch.float16 \\[2, 2\\], got torch.float32"):
+        writer.write("w", torch.zeros(2, 2))
+    writer.write("w", torch.zeros(2, 2, dtype=torch.float16))
+    with pytest.raises(ValueError, match="1 planned tensor\\(s\\) never written, e.g. v"):
+        writer.close()
+
+
+def _file(tmp_path: Path) -> Path:
+    path = tmp_path / "m.safetensors"
+    save_file({"x": torch.ones(4, 4), "y": torch.ones(8)}, str(path))
+    return path
+
+
+def _rewrite_header(path: Path, edit: dict) -> None:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    header.update(edit)
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length :])
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("empty", "is truncated (no safetensors header)"),
+        ("huge_header", "has a corrupt safetensors header (length"),
+        ("not_json", "corrupt safetensors header (not JSON)"),
+        ("truncated_data", "that do not fit its shape [8] F32 or the file"),
+        ("overlap", "tensors x and y overlap"),
+        ("wrong_size", "that do not fit its shape [4, 4] F32"),
+    ],
+)
+def test_damaged_files_are_refused_with_the_check_named(
+    tmp_path: Path, damage: str, needle: str
+) -> None:
+    path = _file(tmp_path)
+    raw = path.read_bytes()
+    if damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "huge_header":
+        path.write_bytes(struct.pack("<Q", 1 << 40) + raw[8:])
+    elif damage == "not_json":
+        path.write_bytes(raw[:8] + b"{" * 8 + raw[16:])
+    elif damage == "truncated_data":
+        path.write_bytes(raw[:-4])
+    elif damage == "overlap":
+        _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]},
+                               "y": {"dtype": "F32", "shape": [8], "data_offsets": [32, 64]}})  # fmt: skip
+    elif damage == "wrong_size":
+        _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 60]}})
+    with pytest.raises(InputError) as info:
+        SafetensorsIndex([path])
+    assert needle in str(info.value)
+
+
+def test_reader_agrees_with_the_library(tmp_path: Path) -> None:
+    path = _file(tmp_path)
+    expected = load_file(path)
+    index = SafetensorsIndex([path])
+    assert sorted(index.names()) == ["x", "y"] and all(
+        torch.equal(index.read(k), v) for k, v in expected.items()
+    )
