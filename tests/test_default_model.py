@@ -1,5 +1,6 @@
 """The README's main job, as a new user runs it: `trt-builder build --dtype int8` on the
-embedded SmolLM2-135M-Instruct (a real trained model), then the same command again."""
+embedded SmolLM2-135M-Instruct (a real trained model), then the same command again; and the
+converter against nvidia-modelopt on that model."""
 
 from __future__ import annotations
 
@@ -10,33 +11,43 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+
+from trt_builder.convert import convert_checkpoint
+from trt_builder.parallel import Mapping, merge
+from trt_builder.quant import FloatMode
 
 pytestmark = pytest.mark.integration
 
 
-def _build(tmp_path: Path) -> dict:
+def _build(cwd: Path) -> dict:
     exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
     proc = subprocess.run(
         [exe, "build", "--dtype", "int8", "--json"],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return dict(json.loads(proc.stdout))
 
 
-def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
-    result = _build(tmp_path)
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    cwd = tmp_path_factory.mktemp("user")
+    return cwd, _build(cwd)
+
+
+def test_build_int8_on_the_default_model(built: tuple[Path, dict]) -> None:
+    cwd, result = built
     assert result["model"] == "SmolLM2-135M-Instruct" and result["variant"] == "int8-wo-tp1-pp1"
     assert any("weight-only (W8A16)" in n for n in result["notices"])
     stages = {s["name"]: s for s in result["stages"]}
     assert [s["status"] for s in result["stages"]] == ["ran", "ran", "ran", "skipped", "ran"]
 
-    variant = (
-        tmp_path / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-wo-tp1-pp1"
-    )
+    variant = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-wo-tp1-pp1"
     config = json.loads((variant / "checkpoint" / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == "W8A16" and config["rotary_base"] == 100000.0
     assert config["num_hidden_layers"] == 30 and config["num_key_value_heads"] == 3
@@ -48,11 +59,7 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
         chat and "100" in chat[0]["reference_text"]
     )  # a real model answers, so the check means something
 
-    repo = (
-        tmp_path
-        / "triton_repo"
-        / f"smollm2-135m-instruct-{result['revision'][7:15]}-int8-wo-tp1-pp1"
-    )
+    repo = cwd / "triton_repo" / f"smollm2-135m-instruct-{result['revision'][7:15]}-int8-wo-tp1-pp1"
     assert Path(result["triton_repository"]).resolve() == repo.resolve()
     assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == [
         "ensemble",
@@ -62,7 +69,7 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
     ]
     assert stages["engine"]["details"]["reason"] == "skipped: TensorRT-LLM not installed"
 
-    again = _build(tmp_path)
+    again = _build(cwd)
     assert [s["status"] for s in again["stages"]] == [
         "cached",
         "cached",
@@ -70,3 +77,37 @@ def test_build_int8_on_the_default_model(tmp_path: Path) -> None:
         "skipped",
         "cached",
     ]
+
+
+def test_smollm2_float16_is_bit_identical_to_modelopt_and_tp3_reassembles(
+    built: tuple[Path, dict], tmp_path: Path
+) -> None:
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    cwd, result = built
+    hf = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "hf"
+    (tmp_path / "ours").mkdir()
+    convert_checkpoint(hf, tmp_path / "ours", FloatMode("float16"))
+    ours = load_file(tmp_path / "ours" / "rank0.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    export_tensorrt_llm_checkpoint(
+        model,
+        decoder_type="llama",
+        dtype=torch.float16,
+        export_dir=str(tmp_path / "mo"),
+        inference_tensor_parallel=1,
+    )
+    theirs = load_file(tmp_path / "mo" / "rank0.safetensors")
+    assert sorted(ours) == sorted(theirs) and len(ours) == 3 + 30 * 7
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
+
+    (tmp_path / "tp3").mkdir()
+    convert_checkpoint(hf, tmp_path / "tp3", FloatMode("float16"), tp=3)  # 9 heads, 3 KV heads
+    config = json.loads((tmp_path / "tp3" / "config.json").read_text())
+    merged = merge(
+        [load_file(tmp_path / "tp3" / f"rank{r}.safetensors") for r in range(3)],
+        Mapping.from_config(config),
+    )
+    assert all(torch.equal(merged[name], tensor) for name, tensor in ours.items())
