@@ -116,9 +116,17 @@ def _load(rule: TensorRule, index: SafetensorsIndex) -> torch.Tensor:
     if rule.transpose:
         parts = [p.t() for p in parts]
     tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+    if not _finite(tensor):
         raise ConversionError(f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values")
     return tensor
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """No NaN or Inf: min and max propagate both, without a tensor-sized temporary."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor)
+    return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
 def convert_checkpoint(
@@ -141,6 +149,11 @@ def convert_checkpoint(
             # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
             # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
             tensor = _load(rule, index).to(dtype)
+            if not _finite(tensor):
+                raise ConversionError(
+                    f"{rule.name} ({', '.join(rule.sources)}) has values beyond {config['dtype']}'s "
+                    "range: convert with --dtype bfloat16 (or float32)"
+                )
             for rank, name, piece in shard(rule.name, tensor, mapping):
                 writers[rank].write(name, piece)
             del tensor

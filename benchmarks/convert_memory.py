@@ -1,0 +1,147 @@
+"""Convert a synthetic Llama-2-7B-shaped bfloat16 checkpoint (~13.5 GB, generated shard by shard)
+to float16 at TP=1 and TP=2; report peak RSS and wall time against a plain copy of the same
+input bytes, measured in the same run.
+
+    .venv/bin/python benchmarks/convert_memory.py [--workdir DIR] [--layers 32] [--keep]
+
+Needs about 2 x 13.5 GB of free disk in --workdir (input plus one output at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def generate(root: Path, layers: int) -> int:
+    """Write the checkpoint one layer per shard; returns the bytes written."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = {**LLAMA2_7B, "num_hidden_layers": layers}
+    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(cfg))
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    shards = [{"model.embed_tokens.weight": rand(vocab, h)}]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shards.append({
+            p + "self_attn.q_proj.weight": rand(h, h), p + "self_attn.k_proj.weight": rand(h, h),
+            p + "self_attn.v_proj.weight": rand(h, h), p + "self_attn.o_proj.weight": rand(h, h),
+            p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
+            p + "mlp.down_proj.weight": rand(h, inter),
+            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+        })  # fmt: skip
+    shards.append(
+        {"model.norm.weight": torch.ones(h, dtype=torch.bfloat16), "lm_head.weight": rand(vocab, h)}
+    )
+    for i, shard in enumerate(shards):
+        save_file(
+            shard,
+            str(root / f"model-{i:05d}-of-{len(shards):05d}.safetensors"),
+            metadata={"format": "pt"},
+        )
+    return sum(p.stat().st_size for p in root.glob("*.safetensors"))
+
+
+def plain_copy(src: Path, dst: Path) -> float:
+    dst.mkdir()
+    start = time.perf_counter()
+    for path in sorted(src.glob("*.safetensors")):
+        shutil.copyfile(path, dst / path.name)
+    os.sync()
+    seconds = time.perf_counter() - start
+    shutil.rmtree(dst)
+    return seconds
+
+
+CONVERT = (
+    "import sys; from pathlib import Path; from trt_builder.convert import convert_checkpoint; "
+    "from trt_builder.quant import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
+    "convert_checkpoint(Path(sys.argv[1]), out, FloatMode('float16'), tp=int(sys.argv[3]))"
+)
+
+
+def convert(src: Path, dst: Path, tp: int) -> tuple[float, float]:
+    """(wall seconds including the final sync, peak RSS GiB) of a conversion in a child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CONVERT, str(src), str(dst), str(tp)])
+    _, status, usage = os.wait4(proc.pid, 0)
+    os.sync()
+    seconds = time.perf_counter() - start
+    if status != 0:
+        sys.exit(f"conversion at TP={tp} failed (status {status})")
+    written = sum(p.stat().st_size for p in dst.glob("rank*.safetensors"))
+    print(f"  TP={tp}: wrote {written / 1e9:.2f} GB in {len(list(dst.glob('rank*')))} rank file(s)")
+    shutil.rmtree(dst)
+    return seconds, usage.ru_maxrss / (1 << 20)  # ru_maxrss is in KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-7b-"))
+    src = work / "llama2-7b-synthetic"
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / (1 << 30):.0f} GiB RAM"
+    )
+    if not (src / "config.json").is_file():
+        start = time.perf_counter()
+        size = generate(src, args.layers)
+        print(
+            f"generated {size / 1e9:.2f} GB of bfloat16 weights in {time.perf_counter() - start:.0f} s"
+        )
+    size = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    copy_before = plain_copy(src, work / "copy")
+    results = {tp: convert(src, work / f"tp{tp}", tp) for tp in (1, 2)}
+    copy_after = plain_copy(src, work / "copy")
+    copy = (copy_before + copy_after) / 2
+    print(
+        f"plain copy of the input ({size / 1e9:.2f} GB): {copy_before:.1f} s before, {copy_after:.1f} s after, mean {copy:.1f} s"
+    )
+    for tp, (seconds, rss) in results.items():
+        print(
+            f"convert bfloat16 -> float16, TP={tp}: {seconds:.1f} s = {seconds / copy:.2f} x copy; peak RSS {rss:.2f} GiB"
+        )
+    if not args.keep:
+        shutil.rmtree(src)
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
