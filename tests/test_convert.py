@@ -136,3 +136,20 @@ def test_missing_tensor_and_unsupported_architecture(tiny_copy: Path, tmp_path: 
         match="FalconForCausalLM is not supported: supported are GPT2LMHeadModel, LlamaForCausalLM",
     ):
         _convert(tiny_copy, tmp_path / "b")
+
+
+def test_float16_overflow_is_named_with_the_fix(tiny_copy: Path, tmp_path: Path) -> None:
+    weights = load_file(tiny_copy / "model.safetensors")
+    weights["model.layers.0.mlp.up_proj.weight"][0, 0] = 1e6  # beyond float16's 65504
+    save_file(weights, str(tiny_copy / "model.safetensors"))
+    with pytest.raises(
+        ConversionError,
+        match=r"transformer\.layers\.0\.mlp\.gate\.weight .* beyond float16's range: convert with --dtype bfloat16",
+    ):
+        _convert(tiny_copy, tmp_path / "a")
+    assert (
+        _convert(tiny_copy, tmp_path / "b", FloatMode("bfloat16"))[
+            "transformer.layers.0.mlp.gate.weight"
+        ][0, 0]
+        == 1e6
+    )

@@ -260,3 +260,21 @@ def test_auto_dtype_keeps_half_and_turns_float32_into_float16(
         assert load_file(converted / "rank0.safetensors")["lm_head.weight"].dtype == torch.bfloat16
     finally:
         config_path.write_text(original)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_build_end_to_end_for_every_family(
+    models: dict[str, Path], family: str, tmp_path: Path
+) -> None:
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+
+    spec = make_spec(
+        model=str(models[family]), dtype="float32", out=tmp_path / "e", triton_root=tmp_path / "t"
+    )
+    result = run(spec)
+    assert [r.status for r in result.records] == ["ran", "ran", "ran", "skipped", "ran"]
+    report = json.loads((result.layout.reports / "verify.json").read_text())
+    assert report["passed"] and report["top1"] == 1.0
+    if family == "qwen2.5-vl":
+        assert any("the vision tower is not" in n for n in result.notices)

@@ -9,6 +9,8 @@ model's size.
 from __future__ import annotations
 
 import json
+import math
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -111,22 +113,44 @@ def _combined_shape(rule: TensorRule, index: SafetensorsIndex) -> tuple[int, ...
     return (sum(s[0] for s in shapes), *shapes[0][1:])
 
 
-def _load(rule: TensorRule, index: SafetensorsIndex) -> torch.Tensor:
-    parts = [index.read(s) for s in rule.sources]
-    if rule.transpose:
-        parts = [p.t() for p in parts]
-    tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
-    if not _finite(tensor):
-        raise ConversionError(f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values")
-    return tensor
+def _load(rule: TensorRule, index: SafetensorsIndex, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The rule's source tensors as views of the input files (Conv1D transposed), with NaN/Inf
+    and values beyond the target dtype's range refused by name."""
+    parts = [index.read(s).t() if rule.transpose else index.read(s) for s in rule.sources]
+    for part in parts:
+        if part.is_floating_point() and part.numel():
+            low, high = (float(v) for v in torch.aminmax(part))  # NaN and Inf propagate
+            if not (math.isfinite(low) and math.isfinite(high)):
+                raise ConversionError(
+                    f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values"
+                )
+            if max(-low, high) > torch.finfo(dtype).max:
+                name = str(dtype).removeprefix("torch.")
+                raise ConversionError(
+                    f"{rule.name} ({', '.join(rule.sources)}) has values beyond {name}'s range: "
+                    "convert with --dtype bfloat16 (or float32)"
+                )
+    return parts
 
 
-def _finite(tensor: torch.Tensor) -> bool:
-    """No NaN or Inf: min and max propagate both, without a tensor-sized temporary."""
-    if not tensor.is_floating_point() or tensor.numel() == 0:
-        return True
-    low, high = torch.aminmax(tensor)
-    return bool(torch.isfinite(low) and torch.isfinite(high))
+def _stream(
+    rules: list[TensorRule],
+    index: SafetensorsIndex,
+    writers: list[StreamingWriter],
+    mapping: Mapping,
+    dtype: torch.dtype,
+) -> None:
+    """Map, check, split and write every tensor; the cast happens in the copy into the output
+    file's pages, and the kernel reads the next tensor ahead while this one is copied."""
+    for i, rule in enumerate(rules):
+        if i + 1 < len(rules):
+            index.prefetch(rules[i + 1].sources)
+        parts = _load(rule, index, dtype)
+        # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
+        # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
+        for rank, name, pieces in shard(rule.name, parts, mapping):
+            writers[rank].write(name, pieces)
+        del parts
 
 
 def convert_checkpoint(
@@ -138,31 +162,19 @@ def convert_checkpoint(
     dtype = _TORCH_DTYPES[config["dtype"]]
     plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
     for rule in rules:  # shapes per rank, from the same split code run on meta tensors
-        for rank, name, piece in shard(rule.name, torch.empty(rule.shape, device="meta"), mapping):
-            plans[rank][name] = (dtype, tuple(piece.shape))
-    writers = [
-        StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
-        for rank, plan in enumerate(plans)
-    ]
-    try:
-        for rule in rules:
-            # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
-            # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
-            tensor = _load(rule, index).to(dtype)
-            if not _finite(tensor):
-                raise ConversionError(
-                    f"{rule.name} ({', '.join(rule.sources)}) has values beyond {config['dtype']}'s "
-                    "range: convert with --dtype bfloat16 (or float32)"
-                )
-            for rank, name, piece in shard(rule.name, tensor, mapping):
-                writers[rank].write(name, piece)
-            del tensor
-    finally:
-        index.close()
-        for writer in writers:
-            writer.fh.close()
-    for writer in writers:
-        writer.close()  # raises if a planned tensor was never written
+        for rank, name, pieces in shard(
+            rule.name, [torch.empty(rule.shape, device="meta")], mapping
+        ):
+            plans[rank][name] = (dtype, (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]))
+    with ExitStack() as stack:
+        stack.enter_context(index)
+        writers = [
+            stack.enter_context(
+                StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
+            )
+            for rank, plan in enumerate(plans)
+        ]
+        _stream(rules, index, writers, mapping, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {
         "architecture": config["architecture"],

@@ -100,9 +100,12 @@ def tp_kind(name: str) -> str:
     return next((kind for suffix, kind in TP_KIND if name.endswith(suffix)), "replicated")
 
 
-def _split_qkv(t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
-    q_rows, kv_rows = m.heads * m.head_size, m.kv_heads * m.head_size
-    q, k, v = t.split([q_rows, kv_rows, kv_rows], dim=0)
+def _split_qkv(parts: list[torch.Tensor], m: Mapping) -> list[list[torch.Tensor]]:
+    """Per tp rank, its [q, k, v] rows (views where possible) from q, k, v or a fused qkv."""
+    if len(parts) == 1:
+        q_rows, kv_rows = m.heads * m.head_size, m.kv_heads * m.head_size
+        parts = list(parts[0].split([q_rows, kv_rows, kv_rows], dim=0))
+    q, k, v = parts
     if m.kv_heads < m.tp:  # each KV head serves tp // kv ranks: repeat it
         rep = m.tp // m.kv_heads
         k = (
@@ -115,8 +118,7 @@ def _split_qkv(t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
             .repeat_interleave(rep, 0)
             .reshape(-1, *v.shape[1:])
         )
-    parts = zip(q.chunk(m.tp, 0), k.chunk(m.tp, 0), v.chunk(m.tp, 0), strict=True)
-    return [torch.cat(p, dim=0) for p in parts]
+    return [list(p) for p in zip(q.chunk(m.tp, 0), k.chunk(m.tp, 0), v.chunk(m.tp, 0), strict=True)]
 
 
 def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
@@ -125,7 +127,7 @@ def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
         return [t]
     kind = tp_kind(name)
     if kind == "qkv":
-        return _split_qkv(t, m)
+        return [torch.cat(p, dim=0) for p in _split_qkv([t], m)]
     if kind == "column":
         return list(t.chunk(m.tp, 0))
     if kind == "row":
@@ -152,13 +154,22 @@ def place(name: str, m: Mapping) -> list[tuple[int, str]]:
     raise ValueError(f"{name}: no pipeline placement rule")
 
 
-def shard(name: str, t: torch.Tensor, m: Mapping) -> list[tuple[int, str, torch.Tensor]]:
-    """(rank, name, piece) for every rank that holds part of tensor `name`."""
-    out = []
-    for pp_rank, local in place(name, m):
-        for tp_rank, piece in enumerate(split_tp(name, t, m)):
-            out.append((pp_rank * m.tp + tp_rank, local, piece.contiguous()))
-    return out
+def shard(
+    name: str, parts: list[torch.Tensor], m: Mapping
+) -> list[tuple[int, str, list[torch.Tensor]]]:
+    """(rank, name, pieces) for every rank that holds part of tensor `name`, given as `parts`
+    concatenated on dim 0 (q, k, v); each rank's tensor is its pieces concatenated on dim 0.
+    Pieces are views where the split allows, so the writer's copy is the only one."""
+    if tp_kind(name) == "qkv" and m.tp > 1:
+        per_rank = _split_qkv(parts, m)
+    else:
+        full = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        per_rank = [[piece] for piece in split_tp(name, full, m)]
+    return [
+        (pp_rank * m.tp + tp_rank, local, pieces)
+        for pp_rank, local in place(name, m)
+        for tp_rank, pieces in enumerate(per_rank)
+    ]
 
 
 def merge(ranks: list[dict[str, torch.Tensor]], m: Mapping) -> dict[str, torch.Tensor]:

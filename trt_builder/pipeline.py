@@ -165,6 +165,11 @@ def run(
                     emit("abort", stage.name, None)
                     raise
                 result.records.append(record)
+                for note in (
+                    record.details.get("notes") or []
+                ):  # e.g. "the vision tower is not converted"
+                    if note not in ctx.notices:
+                        ctx.notices.append(note)
                 emit("end", stage.name, record)
                 _write_manifest(ctx, result)
                 if record.status in ("failed", "cached-failed"):

@@ -1,14 +1,17 @@
-"""Streaming safetensors I/O: read one tensor at a time with pread, write one tensor at a time.
+"""Streaming safetensors I/O: one tensor at a time, in and out.
 
-Written by hand because the safetensors library saves whole dicts (the model would have to fit in
-memory) and reads through a memory map, whose touched pages count towards the process's RSS for
-as long as the file is open. Here a converter holds one tensor at a time; see docs/design.md.
+Written by hand because the safetensors library saves whole dicts (the model would have to fit
+in memory) and maps whole files, whose touched pages count towards the process's RSS for as long
+as the file is open. Here each tensor is mapped on its own, read or written in place (a cast
+happens in the copy into the output file's pages), and unmapped once done, so the page cache
+does the buffering and the process holds about one tensor; see docs/design.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -65,6 +68,12 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + length
 
 
+def _map(fd: int, start: int, end: int, *, access: int) -> tuple[mmap.mmap, int]:
+    """A mapping of bytes start..end of a file (from the page boundary below start)."""
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    return mmap.mmap(fd, end - base, offset=base, access=access), start - base
+
+
 class SafetensorsIndex:
     """Every tensor of a set of safetensors files, by name, read on demand."""
 
@@ -108,24 +117,31 @@ class SafetensorsIndex:
     def names(self) -> list[str]:
         return list(self.entries)
 
-    def read(self, name: str) -> torch.Tensor:
-        entry = self.entries[name]
-        fd = self._fds.get(entry.path)
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
         if fd is None:
-            fd = self._fds[entry.path] = os.open(entry.path, os.O_RDONLY)
-        buf = bytearray(entry.end - entry.start)
-        view = memoryview(buf)
-        done = 0
-        while done < len(buf):
-            n = os.preadv(fd, [view[done:]], entry.start + done)
-            if n == 0:
-                raise InputError(
-                    f"{entry.path.name} ended early while reading {name}: it is truncated"
-                )
-            done += n
-        if not buf:
-            return torch.empty(entry.shape, dtype=DTYPES[entry.dtype])
-        return torch.frombuffer(buf, dtype=DTYPES[entry.dtype]).reshape(entry.shape)
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor as a view of the file's pages (nothing is copied); the pages are unmapped,
+        and leave the process's RSS, when the last view of the tensor is freed."""
+        entry = self.entries[name]
+        dtype = DTYPES[entry.dtype]
+        if entry.end == entry.start:
+            return torch.empty(entry.shape, dtype=dtype)
+        mm, skip = _map(self._fd(entry.path), entry.start, entry.end, access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(mm, dtype=torch.uint8, offset=skip, count=entry.end - entry.start)
+        return flat.view(dtype).reshape(entry.shape)
+
+    def prefetch(self, names: tuple[str, ...]) -> None:
+        """Ask the kernel to start reading these tensors into the page cache (non-blocking)."""
+        for name in names:
+            entry = self.entries[name]
+            if entry.end > entry.start:
+                mm, _ = _map(self._fd(entry.path), entry.start, entry.end, access=mmap.ACCESS_READ)
+                mm.madvise(mmap.MADV_WILLNEED)
+                mm.close()
 
     def __enter__(self) -> SafetensorsIndex:
         return self
@@ -143,7 +159,9 @@ class StreamingWriter:
     """Writes one safetensors file whose tensor names, dtypes and shapes are known up front.
 
     The header is written first; each tensor's bytes are then written at its offset, in any
-    order. `close` checks that every planned tensor was written.
+    order. Data is laid out in the plan's order, so writing in that order appends sequentially
+    (the safetensors library sorts by element size, then name; pass a plan in that order to
+    get its exact bytes). `close` checks that every planned tensor was written.
     """
 
     def __init__(
@@ -155,8 +173,7 @@ class StreamingWriter:
         def size(item: tuple[torch.dtype, tuple[int, ...]]) -> int:
             return math.prod(item[1]) * torch.empty((), dtype=item[0]).element_size()
 
-        # The safetensors library's order: larger element types first, then by name.
-        order = sorted(plan, key=lambda n: (-torch.empty((), dtype=plan[n][0]).element_size(), n))
+        order = list(plan)
         header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
         offset = 0
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -175,21 +192,50 @@ class StreamingWriter:
         self.plan = plan
         self.base = 8 + len(raw)
         self.path = path
-        self.fh = open(path, "wb")
+        self.fh = open(path, "w+b")  # noqa: SIM115  (closed by close())
         self.fh.write(struct.pack("<Q", len(raw)) + raw)
         self.fh.truncate(self.base + offset)
+        self.fh.flush()
         self.pending = set(plan)
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def write(self, name: str, tensor: torch.Tensor | list[torch.Tensor]) -> None:
+        """Copy `tensor` — or parts to concatenate on dim 0 — into its place, in any layout;
+        the cast to the planned dtype happens in the copy."""
         dtype, shape = self.plan[name]
-        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-            raise ValueError(
-                f"{name}: planned {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
+        parts = tensor if isinstance(tensor, list) else [tensor]
+        got = (
+            tuple(parts[0].shape)
+            if len(parts) == 1
+            else (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        )
+        if got != shape:
+            raise ValueError(f"{name}: planned shape {list(shape)}, got {list(got)}")
+        start, end = self.offsets[name]
+        if end > start:
+            mm, skip = _map(
+                self.fh.fileno(), self.base + start, self.base + end, access=mmap.ACCESS_WRITE
             )
-        start, _ = self.offsets[name]
-        self.fh.seek(self.base + start)
-        self.fh.write(tensor.contiguous().view(torch.uint8).reshape(-1).numpy().data)
+            target = torch.frombuffer(mm, dtype=torch.uint8, offset=skip, count=end - start)
+            view = target.view(dtype).reshape(shape)
+            row = 0
+            for part in parts:
+                if len(parts) == 1:
+                    view.copy_(part)
+                else:
+                    view[row : row + part.shape[0]].copy_(part)
+                    row += part.shape[0]
+            del view
+            del target  # unmaps: the pages stay in the page cache, dirty, until written back
         self.pending.discard(name)
+
+    def __enter__(self) -> StreamingWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.fh.close()  # the caller's atomic directory discards the partial file
 
     def close(self) -> None:
         self.fh.close()

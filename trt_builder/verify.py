@@ -129,6 +129,17 @@ def hf_greedy(
     return out[0, len(ids) :].tolist()
 
 
+def load_reference(hf_dir: Path) -> Any:
+    """The transformers model, float32: a causal LM, or a vision-language model whose language
+    model was converted (its text path is what is compared)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    return AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32)
+
+
 def verify_checkpoint(
     checkpoint: Path,
     reference_dir: Path,
@@ -138,7 +149,7 @@ def verify_checkpoint(
     device: str = "auto",
 ) -> dict[str, Any]:
     """Run the checkpoint through the reference runtime and compare it with transformers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from .runtime.reference import ReferenceModel
@@ -152,7 +163,7 @@ def verify_checkpoint(
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(reference_dir)
-        reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32)
+        reference = load_reference(reference_dir)
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(
             f"transformers cannot load {reference_dir} as the reference ({exc}): "
