@@ -143,17 +143,24 @@ def main() -> None:
     copy = statistics.median(copies)
     print(f"plain copy of the input ({size / 1e9:.2f} GB, shutil.copyfile + sync): "
           f"{', '.join(f'{c:.1f}' for c in copies)} s; median {copy:.1f} s")  # fmt: skip
+    failed = []
     for tp, results in runs.items():
         seconds = statistics.median(r[0] for r in results)
         rss = max(r[1] for r in results)
+        if seconds > 1.5 * copy or rss > 2.0:
+            failed.append(f"TP={tp}")
         print(
             f"convert bfloat16 -> float16, TP={tp}: {', '.join(f'{r[0]:.1f}' for r in results)} s; "
             f"median {seconds:.1f} s = {seconds / copy:.2f} x copy; peak RSS {rss:.2f} GiB"
         )
+    if failed:  # the goals: peak RSS <= 2 GiB, wall time <= 1.5 x the copy
+        print(f"GOAL MISSED for {', '.join(failed)}: peak RSS <= 2 GiB and <= 1.5 x copy")
     if not args.keep:
         shutil.rmtree(src)
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

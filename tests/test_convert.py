@@ -153,3 +153,64 @@ def test_float16_overflow_is_named_with_the_fix(tiny_copy: Path, tmp_path: Path)
         ][0, 0]
         == 1e6
     )
+
+
+def test_each_qkv_source_is_checked_on_its_own(tiny_copy: Path, tmp_path: Path) -> None:
+    weights = load_file(tiny_copy / "model.safetensors")
+    q, k = (
+        weights["model.layers.0.self_attn.q_proj.weight"],
+        weights["model.layers.0.self_attn.k_proj.weight"],
+    )
+    # Move 16 rows from q to k: the same total, a wrong split between q and k.
+    weights["model.layers.0.self_attn.q_proj.weight"] = q[:48].clone()
+    weights["model.layers.0.self_attn.k_proj.weight"] = torch.cat([q[48:], k]).clone()
+    save_file(weights, str(tiny_copy / "model.safetensors"))
+    with pytest.raises(
+        ConversionError,
+        match=r"\(model\.layers\.0\.self_attn\.q_proj\.weight\) has shape \(48, 64\), the config implies \(64, 64\)",
+    ):
+        _convert(tiny_copy, tmp_path / "a")
+    assert not (tmp_path / "a" / "rank0.safetensors").exists()  # refused before writing
+
+
+def test_the_index_decides_which_files_are_weights(tiny_copy: Path, tmp_path: Path) -> None:
+    """Mistral repos also ship consolidated.safetensors in another naming: the index wins."""
+    save_file(
+        {"tok_embeddings.weight": torch.ones(4, 4)}, str(tiny_copy / "consolidated.safetensors")
+    )
+    with pytest.raises(
+        ConversionError, match="not mapped by the llama family, e.g. tok_embeddings.weight"
+    ):
+        _convert(tiny_copy, tmp_path / "a")
+    index = {
+        "metadata": {},
+        "weight_map": {n: "model.safetensors" for n in load_file(tiny_copy / "model.safetensors")},
+    }
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "lm_head.weight" in _convert(tiny_copy, tmp_path / "b")
+
+
+def test_config_missing_a_key_is_named(tiny_copy: Path, tmp_path: Path) -> None:
+    config = json.loads((tiny_copy / "config.json").read_text())
+    del config["num_attention_heads"]
+    (tiny_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConversionError, match="config.json lacks 'num_attention_heads'"):
+        _convert(tiny_copy, tmp_path / "a")
+
+
+def test_no_input_mapping_outlives_its_tensor(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_builder import convert as convert_module
+
+    seen: list[int] = []
+    real = convert_module._load
+
+    def counting(rule, index, dtype):  # type: ignore[no-untyped-def]
+        maps = Path("/proc/self/maps").read_text()
+        seen.append(maps.count(str(tiny_llama / "model.safetensors")))
+        return real(rule, index, dtype)
+
+    monkeypatch.setattr(convert_module, "_load", counting)
+    _convert(tiny_llama, tmp_path / "ck", FloatMode("float16"))
+    assert len(seen) == 17 and max(seen) == 0

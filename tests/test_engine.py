@@ -161,3 +161,15 @@ def test_real_trtllm_build_on_tiny_model(tiny_llama: Path, tmp_path: Path) -> No
     assert config["version"] != "stand-in"
     assert (result.layout.engine / "rank0.engine").stat().st_size > 1000
     assert _record(result, "engine").details["tensorrt_llm"] != "absent"
+
+
+def test_qwen3_needs_tensorrt_llm_1_0() -> None:
+    from trt_builder.engine import check_release
+
+    with pytest.raises(
+        EngineError, match="Qwen3ForCausalLM engines need TensorRT-LLM >= 1.0, this host has 0.21.0"
+    ):
+        check_release("Qwen3ForCausalLM", "0.21.0")
+    check_release("Qwen3ForCausalLM", "1.2.1")
+    check_release("Qwen3ForCausalLM", "absent")  # a stand-in or unknown install: not refused
+    check_release("LlamaForCausalLM", "0.20.0")

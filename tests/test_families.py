@@ -278,3 +278,51 @@ def test_build_end_to_end_for_every_family(
     assert report["passed"] and report["top1"] == 1.0
     if family == "qwen2.5-vl":
         assert any("the vision tower is not" in n for n in result.notices)
+
+
+@pytest.mark.parametrize(
+    ("family", "tp"), [("llama", 2), ("llama", 4), ("qwen2", 2), ("qwen3", 4), ("gpt2", 2)]
+)
+def test_tp_ranks_match_modelopt(
+    models: dict[str, Path], family: str, tp: int, tmp_path: Path
+) -> None:
+    """An independent producer's split (KV duplication at TP=4 included). modelopt shards the
+    embeddings (use_parallel_embedding); we keep TensorRT-LLM's default and replicate them."""
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    ours = _ranks(_convert(models[family], tmp_path / "ours", tp=tp))
+    export_tensorrt_llm_checkpoint(
+        _hf(models[family]), decoder_type=DECODER_TYPE[family], dtype=torch.float16,
+        export_dir=str(tmp_path / "mo"), inference_tensor_parallel=tp,
+    )  # fmt: skip
+    for rank in range(tp):
+        theirs = load_file(tmp_path / "mo" / f"rank{rank}.safetensors")
+        assert sorted(ours[rank]) == sorted(theirs)
+        for name, tensor in theirs.items():
+            if "embedding" not in name:
+                assert torch.equal(ours[rank][name], tensor), (rank, name)
+
+
+def test_gpt2_files_without_the_transformer_prefix(models: dict[str, Path], tmp_path: Path) -> None:
+    """The hub's original gpt2 / distilgpt2 files name tensors `wte.weight`, `h.0....`."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    bare = tmp_path / "bare"
+    shutil.copytree(models["gpt2"], bare)
+    weights = load_file(bare / "model.safetensors")
+    save_file(
+        {k.removeprefix("transformer."): v for k, v in weights.items()},
+        str(bare / "model.safetensors"),
+    )
+    a = load_file(_convert(models["gpt2"], tmp_path / "a") / "rank0.safetensors")
+    b = load_file(_convert(bare, tmp_path / "b") / "rank0.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sliding_window_is_said(tokenizer_dir: Path, tmp_path: Path) -> None:
+    make_tiny("mistral", tmp_path / "m", tokenizer_dir, sliding_window=64)
+    (tmp_path / "ck").mkdir()
+    summary = convert_checkpoint(tmp_path / "m", tmp_path / "ck", FloatMode("float16"))
+    assert any("max_attention_window_size=64" in n for n in summary["notes"])

@@ -178,3 +178,29 @@ def test_hub_network_failure_is_a_one_line_input_error(monkeypatch: pytest.Monke
         InputError, match="cannot reach the hub for org/tiny .* set HF_HUB_OFFLINE=1"
     ):
         resolve_source("org/tiny", "main", DigestCache(None))
+
+
+def test_hub_model_is_refused_from_its_config_before_the_weights(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Only config.json is in the cache: an unsupported architecture is refused without needing
+    the weights (which are not there)."""
+    from huggingface_hub import constants
+
+    from trt_builder.errors import UnsupportedModelError
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+
+    sha = "fedcba9876543210fedcba9876543210fedcba98"
+    root = Path(constants.HF_HUB_CACHE) / "models--org--mamba"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "snapshots" / sha).mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(sha)
+    config = json.loads((tiny_llama / "config.json").read_text())
+    (root / "snapshots" / sha / "config.json").write_text(
+        json.dumps({**config, "architectures": ["MambaForCausalLM"]})
+    )
+    with pytest.raises(UnsupportedModelError, match="MambaForCausalLM is not supported"):
+        run(make_spec(model="org/mamba", out=tmp_path / "e", triton_root=tmp_path / "t"))
+    assert not (tmp_path / "e").exists()

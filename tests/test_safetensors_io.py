@@ -70,7 +70,12 @@ def _rewrite_header(path: Path, edit: dict) -> None:
         ("empty", "is truncated (no safetensors header)"),
         ("huge_header", "has a corrupt safetensors header (length"),
         ("not_json", "corrupt safetensors header (not JSON)"),
-        ("truncated_data", "that do not fit its shape [8] F32 or the file"),
+        ("truncated_data", "that do not fit its shape [8] F32 (or are misaligned, or past the end"),
+        ("misaligned", "has offsets 2..66 that do not fit its shape [4, 4] F32"),
+        (
+            "malformed",
+            "the header entry of tensor x is malformed (needs dtype, shape, data_offsets)",
+        ),
         ("overlap", "tensors x and y overlap"),
         ("wrong_size", "that do not fit its shape [4, 4] F32"),
     ],
@@ -91,6 +96,10 @@ def test_damaged_files_are_refused_with_the_check_named(
     elif damage == "overlap":
         _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]},
                                "y": {"dtype": "F32", "shape": [8], "data_offsets": [32, 64]}})  # fmt: skip
+    elif damage == "misaligned":
+        _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [2, 66]}})
+    elif damage == "malformed":
+        _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4]}})
     elif damage == "wrong_size":
         _rewrite_header(path, {"x": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 60]}})
     with pytest.raises(InputError) as info:
@@ -105,3 +114,21 @@ def test_reader_agrees_with_the_library(tmp_path: Path) -> None:
     assert sorted(index.names()) == ["x", "y"] and all(
         torch.equal(index.read(k), v) for k, v in expected.items()
     )
+
+
+def test_a_full_disk_is_an_error_before_any_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    from trt_builder.errors import OutputError
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(
+        OutputError, match="cannot reserve 2.1 MB for .*No space left on device.*free disk space"
+    ):
+        StreamingWriter(tmp_path / "x.safetensors", {"w": (torch.float16, (1024, 1024))})

@@ -62,6 +62,31 @@ def trtllm_config(
     return config
 
 
+def weight_files(hf_dir: Path) -> list[Path]:
+    """The checkpoint's weight files: those its index names, else every *.safetensors (so a
+    repo that also ships another format's file, e.g. Mistral's consolidated.safetensors, works)."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise InputError(
+                f"{index.name} is not a valid weight index ({exc}): re-fetch the model"
+            ) from None
+        missing = [name for name in listed if not (hf_dir / name).is_file()]
+        if missing:
+            raise InputError(
+                f"{missing[0]}, listed in {index.name}, is missing: re-fetch the model with --force"
+            )
+        return [hf_dir / name for name in listed]
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(
+            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
+        )
+    return files
+
+
 def plan_conversion(
     hf_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
 ) -> tuple[Family, dict[str, Any], list[TensorRule], SafetensorsIndex]:
@@ -69,30 +94,31 @@ def plan_conversion(
     every expected tensor present with the shape the config implies, nothing left over."""
     hf_config = read_hf_config(hf_dir)
     family = family_for(hf_config)
-    config = trtllm_config(family, hf_config, mode, tp=tp, pp=pp)
-    check_mapping(config, tp, pp)
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(
-            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
-        )
-    index = SafetensorsIndex(files)
+    index = SafetensorsIndex(weight_files(hf_dir))
     names = set(index.names())
-    rules = list(family.tensors(hf_config, names))
+    try:
+        config = trtllm_config(family, hf_config, mode, tp=tp, pp=pp)
+        rules = list(family.tensors(hf_config, names))
+    except KeyError as exc:
+        raise ConversionError(
+            f"config.json lacks {exc} (needed by the {family.name} family): fix the config"
+        ) from None
+    check_mapping(config, tp, pp)
     consumed: set[str] = set()
     for rule in rules:
-        for source in rule.sources:
+        for source, expected in zip(rule.sources, rule.expected(), strict=True):
             if source not in index:
                 raise ConversionError(
                     f"tensor {source} is missing from the HF checkpoint (needed for {rule.name})"
                 )
+            shape = index.entries[source].shape
+            shape = tuple(reversed(shape)) if rule.transpose else shape
+            if shape != expected:
+                raise ConversionError(
+                    f"{rule.name} ({source}) has shape {shape}, the config implies {expected}: "
+                    "the weights do not match config.json"
+                )
         consumed.update(rule.sources)
-        shape = _combined_shape(rule, index)
-        if shape != rule.shape:
-            raise ConversionError(
-                f"{rule.name} ({', '.join(rule.sources)}) has shape {shape}, the config implies "
-                f"{rule.shape}: the weights do not match config.json"
-            )
     if config.get("tie_word_embeddings"):
         consumed.add("lm_head.weight")  # some repos store the tied copy too
     leftover = sorted(n for n in names - consumed if not family.is_ignored(n))
@@ -102,15 +128,6 @@ def plan_conversion(
             "the checkpoint has parts this converter does not know"
         )
     return family, config, rules, index
-
-
-def _combined_shape(rule: TensorRule, index: SafetensorsIndex) -> tuple[int, ...]:
-    shapes = [index.entries[s].shape for s in rule.sources]
-    if rule.transpose:
-        shapes = [tuple(reversed(s)) for s in shapes]
-    if len(shapes) == 1:
-        return shapes[0]
-    return (sum(s[0] for s in shapes), *shapes[0][1:])
 
 
 def _load(rule: TensorRule, index: SafetensorsIndex, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -140,17 +157,26 @@ def _stream(
     mapping: Mapping,
     dtype: torch.dtype,
 ) -> None:
-    """Map, check, split and write every tensor; the cast happens in the copy into the output
-    file's pages, and the kernel reads the next tensor ahead while this one is copied."""
+    """Write every tensor; the kernel reads the next one ahead while this one is copied."""
     for i, rule in enumerate(rules):
         if i + 1 < len(rules):
             index.prefetch(rules[i + 1].sources)
-        parts = _load(rule, index, dtype)
-        # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
-        # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
-        for rank, name, pieces in shard(rule.name, parts, mapping):
-            writers[rank].write(name, pieces)
-        del parts
+        _write_one(rule, index, writers, mapping, dtype)
+
+
+def _write_one(
+    rule: TensorRule,
+    index: SafetensorsIndex,
+    writers: list[StreamingWriter],
+    mapping: Mapping,
+    dtype: torch.dtype,
+) -> None:
+    """Map, check, split and copy one tensor; the cast happens in the copy into the output's
+    pages. Its own function so that every view of the input mapping is gone when it returns."""
+    # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
+    # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
+    for rank, name, pieces in shard(rule.name, _load(rule, index, dtype), mapping):
+        writers[rank].write(name, pieces)
 
 
 def convert_checkpoint(
@@ -186,5 +212,5 @@ def convert_checkpoint(
         "tensors": len(rules),
         "rotary_base": config.get("rotary_base"),
         "rotary_scaling": config.get("rotary_scaling"),
-        "notes": list(family.notes),
+        "notes": [*family.notes, *family.advice(read_hf_config(hf_dir))],
     }

@@ -36,6 +36,28 @@ def find_toolchain() -> Toolchain | None:
     return Toolchain(exe, tool_version("tensorrt-llm"))
 
 
+#: Architectures whose TensorRT-backend engines need a minimum TensorRT-LLM release.
+MIN_RELEASE = {"Qwen3ForCausalLM": "1.0"}
+
+
+def check_release(architecture: str, trtllm_version: str) -> None:
+    """Refuse a build the installed TensorRT-LLM cannot do (when its version is known)."""
+    from packaging.version import InvalidVersion, Version
+
+    need = MIN_RELEASE.get(architecture)
+    if need is None or trtllm_version == "absent":
+        return
+    try:
+        too_old = Version(trtllm_version) < Version(need)
+    except InvalidVersion:
+        return
+    if too_old:
+        raise EngineError(
+            f"{architecture} engines need TensorRT-LLM >= {need}, this host has {trtllm_version}: "
+            f"install tensorrt-llm>={need},<1.3 (or use the matching NGC container)"
+        )
+
+
 def build_command(
     spec: BuildSpec, checkpoint: Path, output: Path, *, executable: str = "trtllm-build"
 ) -> list[str]:

@@ -51,6 +51,12 @@ class PackageError(TrtBuilderError):
     exit_code = 8
 
 
+class OutputError(TrtBuilderError):
+    """An output cannot be written (disk full, no permission)."""
+
+    exit_code = 10
+
+
 class LockBusy(TrtBuilderError):
     """Another build holds the lock of the same target."""
 
@@ -68,5 +74,6 @@ EXIT_CODES: dict[int, str] = {
     7: "engine build failed, or TensorRT-LLM missing with --require-engine",
     8: "Triton repository failed validation",
     9: "another build of the same target holds the lock",
+    10: "an output cannot be written (disk full, no permission)",
     130: "interrupted (Ctrl-C)",
 }

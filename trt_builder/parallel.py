@@ -160,7 +160,9 @@ def shard(
     """(rank, name, pieces) for every rank that holds part of tensor `name`, given as `parts`
     concatenated on dim 0 (q, k, v); each rank's tensor is its pieces concatenated on dim 0.
     Pieces are views where the split allows, so the writer's copy is the only one."""
-    if tp_kind(name) == "qkv" and m.tp > 1:
+    if m.tp == 1:
+        per_rank = [list(parts)]  # q, k and v go to their rows of qkv directly
+    elif tp_kind(name) == "qkv":
         per_rank = _split_qkv(parts, m)
     else:
         full = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

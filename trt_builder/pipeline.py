@@ -81,22 +81,49 @@ def prepare(spec: BuildSpec, *, force: bool = False) -> BuildContext:
     source = resolve_source(spec.model, spec.revision, digests)
     layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root)
     ctx = BuildContext(spec, source, layout, digests, force=force)
-    if spec.tp * spec.pp > 1 and source.kind == "local":
-        _check_split_early(Path(source.ref), spec)
+    _check_model_early(ctx)
     if spec.mode_notice:
         ctx.notices.append(spec.mode_notice)
     return ctx
 
 
-def _check_split_early(model_dir: Path, spec: BuildSpec) -> None:
-    """Refuse an impossible tp/pp before any work when the model's config is already at hand
-    (others are refused by convert before it writes anything)."""
+def _check_model_early(ctx: BuildContext) -> None:
+    """Refuse an unsupported architecture or an impossible tp/pp before any work, from the
+    model's config.json alone: a local directory's, or a hub model's fetched by itself before its
+    weights. (A GGUF file's config exists only after dequantization; convert checks it then.)"""
     from .fetch import read_hf_config
     from .models import family_for
     from .parallel import check_mapping
 
-    hf_config = read_hf_config(model_dir)
-    check_mapping(family_for(hf_config).config(hf_config), spec.tp, spec.pp)
+    if ctx.source.kind == "local":
+        config_dir = Path(ctx.source.ref)
+    elif ctx.source.kind == "hub" and not ctx.layout.hf.is_dir():
+        config_dir = _hub_config_dir(ctx.source.ref, ctx.source.revision)
+    else:
+        return
+    hf_config = read_hf_config(config_dir)
+    family = family_for(hf_config)
+    if ctx.spec.tp * ctx.spec.pp > 1:
+        check_mapping(family.config(hf_config), ctx.spec.tp, ctx.spec.pp)
+
+
+def _hub_config_dir(repo_id: str, sha: str) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    from .source import _hub_network_errors, hub_offline
+
+    try:
+        path = hf_hub_download(repo_id, "config.json", revision=sha, local_files_only=hub_offline())
+    except EntryNotFoundError:
+        raise InputError(
+            f"{repo_id}@{sha[:12]} has no config.json: it is not a transformers model"
+        ) from None
+    except _hub_network_errors() as exc:
+        raise InputError(
+            f"cannot fetch config.json of {repo_id} ({exc}); set HF_HUB_OFFLINE=1 to use the cache"
+        ) from None
+    return Path(path).parent
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, OutputError
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -68,6 +68,10 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + length
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def _map(fd: int, start: int, end: int, *, access: int) -> tuple[mmap.mmap, int]:
     """A mapping of bytes start..end of a file (from the page boundary below start)."""
     base = start - start % mmap.ALLOCATIONGRANULARITY
@@ -83,19 +87,31 @@ class SafetensorsIndex:
             header, base = read_header(path)
             size = path.stat().st_size
             spans = []
+            if not isinstance(header, dict):
+                raise InputError(
+                    f"{path.name} has a corrupt safetensors header (not a table): re-fetch it"
+                )
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
-                begin, end = info["data_offsets"]
-                shape = tuple(int(d) for d in info["shape"])
-                dtype = info["dtype"]
+                try:
+                    begin, end = (int(v) for v in info["data_offsets"])
+                    shape = tuple(int(d) for d in info["shape"])
+                    dtype = str(info["dtype"])
+                except (KeyError, TypeError, ValueError):
+                    raise InputError(
+                        f"{path.name}: the header entry of tensor {name} is malformed (needs dtype, "
+                        "shape, data_offsets): the file is corrupt"
+                    ) from None
                 if dtype not in DTYPES:
                     raise InputError(f"{path.name}: tensor {name} has unsupported dtype {dtype}")
-                need = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
-                if end - begin != need or base + end > size or begin < 0:
+                item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+                need = math.prod(shape) * item
+                if end - begin != need or base + end > size or begin < 0 or begin % item:
                     raise InputError(
                         f"{path.name}: tensor {name} has offsets {begin}..{end} that do not fit its "
-                        f"shape {list(shape)} {dtype} or the file: the file is corrupt or truncated"
+                        f"shape {list(shape)} {dtype} (or are misaligned, or past the end of the "
+                        "file): the file is corrupt or truncated"
                     )
                 spans.append((begin, end, name))
                 if name in self.entries:
@@ -194,8 +210,17 @@ class StreamingWriter:
         self.path = path
         self.fh = open(path, "w+b")  # noqa: SIM115  (closed by close())
         self.fh.write(struct.pack("<Q", len(raw)) + raw)
-        self.fh.truncate(self.base + offset)
         self.fh.flush()
+        try:
+            # Reserve the blocks now: a full disk then fails here, as an error, instead of
+            # killing the process with SIGBUS when a write through a mapping finds no space.
+            os.posix_fallocate(self.fh.fileno(), 0, self.base + offset)
+        except OSError as exc:
+            self.fh.close()
+            raise OutputError(
+                f"cannot reserve {_size(self.base + offset)} for {path} ({exc.strerror}): "
+                "free disk space or choose another --out"
+            ) from None
         self.pending = set(plan)
 
     def write(self, name: str, tensor: torch.Tensor | list[torch.Tensor]) -> None:

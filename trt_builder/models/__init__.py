@@ -19,6 +19,13 @@ class TensorRule:
     sources: tuple[str, ...]
     shape: tuple[int, ...]
     transpose: bool = False
+    source_shapes: tuple[tuple[int, ...], ...] = ()  # each source's shape, for several sources
+
+    def expected(self) -> tuple[tuple[int, ...], ...]:
+        """The shape each source must have (after the Conv1D transpose)."""
+        if len(self.sources) > 1 and len(self.source_shapes) != len(self.sources):
+            raise ValueError(f"{self.name}: a rule with several sources needs one shape per source")
+        return self.source_shapes or (self.shape,)
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,9 @@ class Family:
     tensors: Callable[[dict[str, Any], set[str]], Iterator[TensorRule]]  # (HF config, HF names)
     ignored: tuple[str, ...] = ()  # HF tensor name prefixes/suffixes that are expected and unused
     notes: tuple[str, ...] = field(default=())  # said to the user on every conversion
+    advice: Callable[[dict[str, Any]], list[str]] = (
+        lambda cfg: []
+    )  # notes that depend on the config
 
     def is_ignored(self, name: str) -> bool:
         return any(name.startswith(p) or name.endswith(p) for p in self.ignored)

@@ -66,6 +66,9 @@ def gpt2_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def gpt2_tensors(cfg: dict[str, Any], names: set[str]) -> Iterator[TensorRule]:
     hidden, inter, _, layers, vocab = _sizes(cfg)
+    # The hub's original GPT-2 files (gpt2, gpt2-xl, distilgpt2) store `wte.weight`, `h.0...`;
+    # files saved from GPT2LMHeadModel store `transformer.wte.weight`, ...
+    p = "transformer." if "transformer.wte.weight" in names else ""
     shapes = {
         "hidden": (hidden,),
         "inter": (inter,),
@@ -75,27 +78,23 @@ def gpt2_tensors(cfg: dict[str, Any], names: set[str]) -> Iterator[TensorRule]:
         "up": (inter, hidden),
         "down": (hidden, inter),
     }
-    yield TensorRule(
-        "transformer.vocab_embedding.weight", ("transformer.wte.weight",), (vocab, hidden)
-    )
+    yield TensorRule("transformer.vocab_embedding.weight", (f"{p}wte.weight",), (vocab, hidden))
     yield TensorRule(
         "transformer.position_embedding.weight",
-        ("transformer.wpe.weight",),
+        (f"{p}wpe.weight",),
         (cfg["n_positions"], hidden),
     )
     for i in range(layers):
         for name, source, shape, conv1d in LAYER_TABLE:
             yield TensorRule(
                 f"transformer.layers.{i}.{name}",
-                (f"transformer.h.{i}.{source}",),
+                (f"{p}h.{i}.{source}",),
                 shapes[shape],
                 conv1d,
             )
-    yield TensorRule("transformer.ln_f.weight", ("transformer.ln_f.weight",), (hidden,))
-    yield TensorRule("transformer.ln_f.bias", ("transformer.ln_f.bias",), (hidden,))
-    head = (
-        "lm_head.weight" if "lm_head.weight" in names else "transformer.wte.weight"
-    )  # tied by default
+    yield TensorRule("transformer.ln_f.weight", (f"{p}ln_f.weight",), (hidden,))
+    yield TensorRule("transformer.ln_f.bias", (f"{p}ln_f.bias",), (hidden,))
+    head = "lm_head.weight" if "lm_head.weight" in names else f"{p}wte.weight"  # tied by default
     yield TensorRule("lm_head.weight", (head,), (vocab, hidden))
 
 

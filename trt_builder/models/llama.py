@@ -61,6 +61,8 @@ class Dims:
             "hidden": (self.hidden,),
             "qkv": (qkv, self.hidden),
             "qkv_bias": (qkv,),
+            "q": (self.heads * self.head, self.hidden),
+            "kv": (self.kv_heads * self.head, self.hidden),
             "dense": (self.hidden, self.heads * self.head),
             "up": (self.inter, self.hidden),
             "down": (self.hidden, self.inter),
@@ -133,12 +135,17 @@ def llama_style_tensors(
     yield TensorRule(
         "transformer.vocab_embedding.weight", (f"{prefix}embed_tokens.weight",), (d.vocab, d.hidden)
     )
+    per_source = {  # q, k and v separately, so a wrong split between them is caught
+        "qkv": (shapes["q"], shapes["kv"], shapes["kv"]),
+        "qkv_bias": (shapes["q"][:1], shapes["kv"][:1], shapes["kv"][:1]),
+    }
     for i in range(d.layers):
         for name, sources, shape in rows:
             yield TensorRule(
                 f"transformer.layers.{i}.{name}",
                 tuple(f"{prefix}layers.{i}.{s}" for s in sources),
                 shapes[shape],
+                source_shapes=per_source.get(shape, ()),
             )
     yield TensorRule("transformer.ln_f.weight", (f"{prefix}norm.weight",), (d.hidden,))
     head = f"{prefix}embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
@@ -162,6 +169,18 @@ def mistral_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**llama_style_config(cfg, "MistralForCausalLM"), "mlp_bias": False, "attn_bias": False}
 
 
+def sliding_window_advice(cfg: dict[str, Any]) -> list[str]:
+    """Sliding-window attention is not in the checkpoint: say how to serve it."""
+    window = cfg.get("sliding_window")
+    used = cfg.get("use_sliding_window", True)  # Qwen2 has a switch; Mistral does not
+    if used and isinstance(window, int) and window < cfg.get("max_position_embeddings", window + 1):
+        return [
+            f"sliding-window attention (window {window}) is a runtime setting in TensorRT-LLM: "
+            f"serve with max_attention_window_size={window} (Triton: the tensorrt_llm parameter of that name)"
+        ]
+    return []
+
+
 LLAMA = register("LlamaForCausalLM")(
     Family(
         name="llama",
@@ -174,6 +193,7 @@ MISTRAL = register("MistralForCausalLM")(
     Family(
         name="mistral",
         config=mistral_config,
+        advice=sliding_window_advice,
         tensors=llama_style_tensors,
         ignored=("rotary_emb.inv_freq",),
     )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import Family, TensorRule, register
-from .llama import llama_style_config, llama_style_tensors
+from .llama import llama_style_config, llama_style_tensors, sliding_window_advice
 
 
 def qwen_config(
@@ -80,7 +80,11 @@ def qwen2_5_vl_tensors(cfg: dict[str, Any], names: set[str]) -> Iterator[TensorR
 
 QWEN2 = register("Qwen2ForCausalLM")(
     Family(
-        name="qwen2", config=qwen2_config, tensors=qwen2_tensors, ignored=("rotary_emb.inv_freq",)
+        name="qwen2",
+        config=qwen2_config,
+        tensors=qwen2_tensors,
+        ignored=("rotary_emb.inv_freq",),
+        advice=sliding_window_advice,
     )
 )
 QWEN3 = register("Qwen3ForCausalLM")(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ..digests import DigestCache, sha256_json
+from ..errors import OutputError
 from ..fsio import atomic_dir, write_json
 from ..layout import Layout
 from ..source import ModelSource
@@ -65,7 +67,7 @@ class Stage(Protocol):
     name: ClassVar[str]
     version: ClassVar[int]  # bump when the same inputs would now give a different output
     tools: ClassVar[tuple[str, ...]]
-    code: ClassVar[tuple[str, ...]]  # trt_builder files whose content is part of the key
+    code: ClassVar[tuple[str, ...]]  # trt_builder files (globs) whose content is part of the key
 
     def output_dir(self, ctx: BuildContext) -> Path: ...
 
@@ -102,8 +104,9 @@ def code_digest(files: tuple[str, ...]) -> str:
     """sha256 over the content of the trt_builder files a stage's output depends on, so an
     edited (e.g. editable-install) source reruns the stage even without a version bump."""
     h = hashlib.sha256()
-    for rel in sorted(files):
-        h.update(rel.encode() + b"\0" + (_PACKAGE / rel).read_bytes() + b"\0")
+    paths = sorted({p for pattern in files for p in _PACKAGE.glob(pattern)})
+    for path in paths:
+        h.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -177,7 +180,15 @@ def run_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     work: Path | None = None
     try:
         with atomic_dir(output) as work:
-            record.details = stage.run(ctx, work) or {}
+            try:
+                record.details = stage.run(ctx, work) or {}
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                    raise
+                raise OutputError(
+                    f"{stage.name} cannot write {output} ({exc.strerror}): free disk space, "
+                    "or choose another --out"
+                ) from None
             record.status = "failed" if record.details.get("failed") else "ran"
             record.outputs = ctx.digests.tree(work)
             record.seconds = round(time.perf_counter() - start, 3)

@@ -16,8 +16,9 @@ class ConvertStage:
         "convert.py",
         "fetch.py",
         "quant.py",
-        "models/__init__.py",
-        "models/llama.py",
+        "parallel.py",
+        "safetensors_io.py",
+        "models/*.py",
     )
 
     def output_dir(self, ctx: BuildContext) -> Path:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..engine import build_command, find_toolchain, local_gpus, run_build
+from ..engine import build_command, check_release, find_toolchain, local_gpus, run_build
 from ..errors import EngineError
 from .base import BuildContext, StageSkipped
 
@@ -47,6 +48,10 @@ class EngineStage:
                     f"{NOT_INSTALLED} and --require-engine is set: run on a GPU host with TensorRT-LLM: {command}"
                 )
             raise StageSkipped(f"skipped: {NOT_INSTALLED}", {"command": command})
+        architecture = json.loads((ctx.layout.checkpoint / "config.json").read_text())[
+            "architecture"
+        ]
+        check_release(architecture, toolchain.trtllm_version)
         argv = build_command(
             ctx.spec, ctx.layout.checkpoint.resolve(), work, executable=toolchain.executable
         )

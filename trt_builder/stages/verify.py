@@ -27,6 +27,7 @@ class VerifyStage:
     code: ClassVar[tuple[str, ...]] = (
         "verify.py",
         "gates.py",
+        "parallel.py",
         "runtime/reference.py",
         "data/prompts.json",
     )
