@@ -94,24 +94,28 @@ def plain_copy(src: Path, dst: Path) -> float:
     return seconds
 
 
+# The child reports its own VmHWM: ru_maxrss would include the parent's RSS at fork, which
+# Linux carries over exec (the generator's tensors, here).
 CONVERT = (
-    "import sys; from pathlib import Path; from trt_builder.convert import convert_checkpoint; "
+    "import re, sys; from pathlib import Path; from trt_builder.convert import convert_checkpoint; "
     "from trt_builder.quant import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
-    "convert_checkpoint(Path(sys.argv[1]), out, FloatMode('float16'), tp=int(sys.argv[3]))"
+    "convert_checkpoint(Path(sys.argv[1]), out, FloatMode('float16'), tp=int(sys.argv[3])); "
+    "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
 )
 
 
 def convert(src: Path, dst: Path, tp: int) -> tuple[float, float]:
     """(wall seconds including the final sync, peak RSS GiB) of a conversion in a child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CONVERT, str(src), str(dst), str(tp)])
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(src), str(dst), str(tp)], capture_output=True, text=True
+    )
     os.sync()
     seconds = time.perf_counter() - start
-    if status != 0:
-        sys.exit(f"conversion at TP={tp} failed (status {status})")
+    if proc.returncode != 0:
+        sys.exit(f"conversion at TP={tp} failed: {proc.stderr[-2000:]}")
     shutil.rmtree(dst)
-    return seconds, usage.ru_maxrss / (1 << 20)  # ru_maxrss is in KiB on Linux
+    return seconds, int(proc.stdout.split()[-1]) / (1 << 20)  # VmHWM is in KiB
 
 
 def main() -> None:
@@ -119,7 +123,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating copy/convert rounds")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating copy/convert rounds")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-7b-"))
     src = work / "llama2-7b-synthetic"
