@@ -366,3 +366,22 @@ def test_impossible_tp_is_refused_before_any_work(
         f"rank{r}.safetensors" for r in range(4)
     ]
     assert "--workers 4" in result["stages"][3]["details"]["command"]  # type: ignore[index]
+
+
+def test_a_cached_rerun_imports_neither_torch_nor_transformers(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What keeps an unchanged rerun near interpreter start-up (docs/benchmarks.md)."""
+    import subprocess
+    import sys
+
+    args = ["build", *_common(tiny_llama, tmp_path), "--dtype", "float32"]
+    assert _cli(capsys, *args)[0] == 0
+    probe = (
+        "import sys; from trt_builder.cli.main import main; code = main(sys.argv[1:]); "
+        "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split()[-3:] == ["0", "False", "False"]

@@ -91,19 +91,20 @@ def _check_model_early(ctx: BuildContext) -> None:
     """Refuse an unsupported architecture or an impossible tp/pp before any work, from the
     model's config.json alone: a local directory's, or a hub model's fetched by itself before its
     weights. (A GGUF file's config exists only after dequantization; convert checks it then.)"""
-    from .fetch import read_hf_config
-    from .models import family_for
-    from .parallel import check_mapping
-
     if ctx.source.kind == "local":
         config_dir = Path(ctx.source.ref)
     elif ctx.source.kind == "hub" and not ctx.layout.hf.is_dir():
         config_dir = _hub_config_dir(ctx.source.ref, ctx.source.revision)
     else:
         return
+    from .fetch import read_hf_config
+    from .models import family_for
+
     hf_config = read_hf_config(config_dir)
     family = family_for(hf_config)
     if ctx.spec.tp * ctx.spec.pp > 1:
+        from .parallel import check_mapping  # imports torch: only when there is a split to check
+
         check_mapping(family.config(hf_config), ctx.spec.tp, ctx.spec.pp)
 
 
