@@ -284,21 +284,18 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
         )
         return {r.name: r.status for r in run(spec).records}
 
-    assert build() == {
-        "fetch": "ran",
-        "convert": "ran",
-        "verify": "ran",
-        "engine": "skipped",
-        "package": "ran",
-    }
+    def expect(fetch: str, convert: str, verify: str, package: str) -> dict[str, str]:
+        return {
+            "fetch": fetch,
+            "convert": convert,
+            "verify": verify,
+            "engine": "skipped",
+            "package": package,
+        }
+
+    assert build() == expect("ran", "ran", "ran", "ran")
     # A spec field: a new variant; the shared fetch output is reused.
-    assert build(dtype="float32") == {
-        "fetch": "cached",
-        "convert": "ran",
-        "verify": "ran",
-        "engine": "skipped",
-        "package": "ran",
-    }
+    assert build(dtype="float32") == expect("cached", "ran", "ran", "ran")
     # A tool version: transformers is read by fetch, verify and package, not by convert.
     real = base.tool_versions
     monkeypatch.setattr(
@@ -309,23 +306,11 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
             **({"transformers": "9.9"} if "transformers" in names else {}),
         },
     )
-    assert build() == {
-        "fetch": "ran",
-        "convert": "cached",
-        "verify": "ran",
-        "engine": "skipped",
-        "package": "ran",
-    }
+    assert build() == expect("ran", "cached", "ran", "ran")
     monkeypatch.setattr(base, "tool_versions", real)
     # An input file: the tokenizer is read by verify and package, not by convert.
     hf = next((tmp_path / "e").glob("*/*/hf"))
-    assert build() == {
-        "fetch": "ran",
-        "convert": "cached",
-        "verify": "ran",
-        "engine": "skipped",
-        "package": "ran",
-    }
+    assert build() == expect("ran", "cached", "ran", "ran")
     assert build()["fetch"] == "cached"
     tokenizer = hf / "tokenizer_config.json"
     record = json.loads((hf / "stage.json").read_text())
@@ -333,13 +318,7 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
     # Record the edit as fetch's own output, as a re-fetch of a changed tokenizer would.
     record["outputs"]["tokenizer_config.json"] = sha256_file(tokenizer)
     (hf / "stage.json").write_text(json.dumps(record))
-    assert build() == {
-        "fetch": "cached",
-        "convert": "cached",
-        "verify": "ran",
-        "engine": "skipped",
-        "package": "ran",
-    }
+    assert build() == expect("cached", "cached", "ran", "ran")
 
 
 def test_impossible_tp_is_refused_before_any_work(

@@ -89,9 +89,10 @@ def weight_files(hf_dir: Path) -> list[Path]:
 
 def plan_conversion(
     hf_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
-) -> tuple[Family, dict[str, Any], list[TensorRule], SafetensorsIndex]:
+) -> tuple[Family, dict[str, Any], list[TensorRule], SafetensorsIndex, list[str]]:
     """Check everything that can be checked without reading weights: architecture, tp/pp,
-    every expected tensor present with the shape the config implies, nothing left over."""
+    every expected tensor present with the shape the config implies, nothing left over.
+    Also returns the notes to tell the user (the family's, and its advice for this config)."""
     hf_config = read_hf_config(hf_dir)
     family = family_for(hf_config)
     index = SafetensorsIndex(weight_files(hf_dir))
@@ -127,7 +128,7 @@ def plan_conversion(
             f"{len(leftover)} HF tensor(s) are not mapped by the {family.name} family, e.g. {leftover[0]}: "
             "the checkpoint has parts this converter does not know"
         )
-    return family, config, rules, index
+    return family, config, rules, index, [*family.notes, *family.advice(hf_config)]
 
 
 def _load(rule: TensorRule, index: SafetensorsIndex, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -183,7 +184,7 @@ def convert_checkpoint(
     hf_dir: Path, out_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary."""
-    family, config, rules, index = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
+    family, config, rules, index, notes = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
     mapping = Mapping.from_config(config)
     dtype = _TORCH_DTYPES[config["dtype"]]
     plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
@@ -212,5 +213,5 @@ def convert_checkpoint(
         "tensors": len(rules),
         "rotary_base": config.get("rotary_base"),
         "rotary_scaling": config.get("rotary_scaling"),
-        "notes": [*family.notes, *family.advice(read_hf_config(hf_dir))],
+        "notes": notes,
     }
