@@ -206,10 +206,10 @@ def test_no_input_mapping_outlives_its_tensor(
     seen: list[int] = []
     real = convert_module._load
 
-    def counting(rule, index, dtype):  # type: ignore[no-untyped-def]
+    def counting(rule, index):  # type: ignore[no-untyped-def]
         maps = Path("/proc/self/maps").read_text()
         seen.append(maps.count(str(tiny_llama / "model.safetensors")))
-        return real(rule, index, dtype)
+        return real(rule, index)
 
     monkeypatch.setattr(convert_module, "_load", counting)
     _convert(tiny_llama, tmp_path / "ck", FloatMode("float16"))

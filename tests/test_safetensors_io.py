@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trt_builder import safetensors_io
 from trt_builder.errors import InputError
 from trt_builder.safetensors_io import SafetensorsIndex, StreamingWriter
 
@@ -132,3 +135,123 @@ def test_a_full_disk_is_an_error_before_any_tensor(
         OutputError, match="cannot reserve 2.1 MB for .*No space left on device.*free disk space"
     ):
         StreamingWriter(tmp_path / "x.safetensors", {"w": (torch.float16, (1024, 1024))})
+
+
+# --- the output stream: small windows so that every path is taken on small tensors ---
+
+GEN = torch.Generator().manual_seed(0)
+STREAMED = {  # in the library's order (element size, then name)
+    "big": torch.randn(700, 33, generator=GEN),  # 92 KB: many windows, unaligned tail
+    "rows": torch.randn(5000, 3, generator=GEN).t(),  # 20 KB rows: larger than a block
+    "wide": torch.randn(3, 9000, generator=GEN).t(),  # non-contiguous, written by rows
+    "half": torch.randn(31, generator=GEN).to(torch.float16),
+    "bytes": torch.arange(-50, 51, dtype=torch.int8),
+}
+
+
+def _direct_supported(directory: Path) -> bool:
+    probe = directory / "probe"
+    probe.touch()
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_DIRECT))
+    except (OSError, AttributeError):
+        return False
+    finally:
+        probe.unlink()
+    return True
+
+
+def _stream(tmp_path: Path, name: str) -> Path:
+    plan = {k: (v.dtype, tuple(v.shape)) for k, v in STREAMED.items()}
+    with StreamingWriter(tmp_path / name, plan, {"format": "pt"}) as writer:
+        for key, tensor in STREAMED.items():
+            writer.write(key, tensor)
+    return tmp_path / name
+
+
+@pytest.fixture
+def small_windows(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """8 KiB windows and 4 KiB blocks; records every pwrite as (fd, bytes, offset)."""
+    monkeypatch.setattr(safetensors_io, "STAGING_BYTES", 4096)
+    monkeypatch.setattr(safetensors_io, "WINDOW_BYTES", 8192)
+    calls: list[tuple[int, int, int]] = []
+    real = os.pwrite
+
+    def spy(fd: int, data: memoryview, offset: int) -> int:
+        calls.append((fd, len(data), offset))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spy)
+    return calls
+
+
+def test_streamed_output_matches_the_library_and_goes_direct_where_allowed(
+    tmp_path: Path, small_windows: list[tuple[int, int, int]]
+) -> None:
+    save_file({k: v.contiguous() for k, v in STREAMED.items()}, str(tmp_path / "lib.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    ours = _stream(tmp_path, "ours.safetensors")
+    assert ours.read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
+    if not _direct_supported(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT: only the buffered path ran")
+    fds = {fd for fd, _, _ in small_windows}
+    assert len(fds) == 2  # the buffered descriptor (the tail) and the O_DIRECT one
+    direct = [(n, off) for fd, n, off in small_windows if fd == max(fds)]
+    # whole aligned windows, front to back, then only the unaligned tail is buffered
+    assert all(n % 4096 == 0 and off % 4096 == 0 for n, off in direct)
+    assert sum(n for n, _ in direct) == ours.stat().st_size // 4096 * 4096
+
+
+def test_streamed_output_falls_back_to_buffered_writes(
+    tmp_path: Path, small_windows: list[tuple[int, int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _stream(tmp_path, "first.safetensors").read_bytes()
+    real_open, real_pwrite = os.open, os.pwrite
+    direct_fds: set[int] = set()
+
+    def opening(path: Path, flags: int, *args: int) -> int:
+        fd = real_open(path, flags, *args)
+        if flags & getattr(os, "O_DIRECT", 0):
+            direct_fds.add(fd)
+        return fd
+
+    def refusing(fd: int, data: memoryview, offset: int) -> int:
+        if fd in direct_fds:  # as a file system with a larger block size would
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "pwrite", refusing)
+    assert _stream(tmp_path, "refused.safetensors").read_bytes() == expected
+
+    def no_direct(path: Path, flags: int, *args: int) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    assert _stream(tmp_path, "unsupported.safetensors").read_bytes() == expected
+
+
+def test_a_write_error_in_the_writer_thread_reaches_the_caller(
+    tmp_path: Path, small_windows: list[tuple[int, int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, data: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError) as info:
+        _stream(tmp_path, "x.safetensors")
+    assert info.value.errno == errno.ENOSPC
+
+
+def test_each_cast_block_is_checked_with_its_source(
+    tmp_path: Path, small_windows: list[tuple[int, int, int]]
+) -> None:
+    source = torch.randn(64, 100, generator=GEN)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with StreamingWriter(tmp_path / "x.safetensors", {"w": (torch.float16, (64, 100))}) as w:
+        w.write("w", source, lambda block, src: seen.append((block.clone(), src.clone())))
+    assert len(seen) > 1  # 12.8 KB in blocks of at most 4 KiB
+    assert torch.equal(torch.cat([b for b, _ in seen]).view(64, 100), source.half())
+    assert torch.equal(torch.cat([s for _, s in seen]).view(64, 100), source)

@@ -21,7 +21,7 @@ from .fetch import read_hf_config
 from .models import Family, TensorRule, family_for
 from .parallel import Mapping, check_mapping, shard
 from .quant import QuantMode
-from .safetensors_io import SafetensorsIndex, StreamingWriter
+from .safetensors_io import Check, SafetensorsIndex, StreamingWriter
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -131,24 +131,33 @@ def plan_conversion(
     return family, config, rules, index, [*family.notes, *family.advice(hf_config)]
 
 
-def _load(rule: TensorRule, index: SafetensorsIndex, dtype: torch.dtype) -> list[torch.Tensor]:
-    """The rule's source tensors as views of the input files (Conv1D transposed), with NaN/Inf
-    and values beyond the target dtype's range refused by name."""
-    parts = [index.read(s).t() if rule.transpose else index.read(s) for s in rule.sources]
-    for part in parts:
-        if part.is_floating_point() and part.numel():
-            low, high = (float(v) for v in torch.aminmax(part))  # NaN and Inf propagate
-            if not (math.isfinite(low) and math.isfinite(high)):
-                raise ConversionError(
-                    f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values"
-                )
-            if max(-low, high) > torch.finfo(dtype).max:
-                name = str(dtype).removeprefix("torch.")
-                raise ConversionError(
-                    f"{rule.name} ({', '.join(rule.sources)}) has values beyond {name}'s range: "
-                    "convert with --dtype bfloat16 (or float32)"
-                )
-    return parts
+def _load(rule: TensorRule, index: SafetensorsIndex) -> list[torch.Tensor]:
+    """The rule's source tensors as views of the input files (Conv1D weights transposed)."""
+    return [index.read(s).t() if rule.transpose else index.read(s) for s in rule.sources]
+
+
+def _checker(rule: TensorRule, dtype: torch.dtype) -> Check:
+    """Refuses, by name, a block whose cast values are not finite: NaN or Inf in the source,
+    or values beyond the target dtype's range (they became Inf in the cast). Checking the cast
+    block, which is still in the cache, costs no second pass over the source."""
+
+    def check(block: torch.Tensor, source: torch.Tensor) -> None:
+        if not block.is_floating_point():
+            return
+        low, high = (float(v) for v in torch.aminmax(block))  # NaN and Inf propagate
+        if math.isfinite(low) and math.isfinite(high):
+            return
+        if not bool(torch.isfinite(source).all()):
+            raise ConversionError(
+                f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values"
+            )
+        name = str(dtype).removeprefix("torch.")
+        raise ConversionError(
+            f"{rule.name} ({', '.join(rule.sources)}) has values beyond {name}'s range: "
+            "convert with --dtype bfloat16 (or float32)"
+        )
+
+    return check
 
 
 def _stream(
@@ -158,11 +167,19 @@ def _stream(
     mapping: Mapping,
     dtype: torch.dtype,
 ) -> None:
-    """Write every tensor; the kernel reads the next one ahead while this one is copied."""
-    for i, rule in enumerate(rules):
-        if i + 1 < len(rules):
-            index.prefetch(rules[i + 1].sources)
-        _write_one(rule, index, writers, mapping, dtype)
+    """Write every tensor; the kernel reads the next one ahead while this one is cast.
+
+    One torch thread casts: the output's disk is the limit, and on a small host a second
+    intra-op thread mostly spins (docs/benchmarks.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i, rule in enumerate(rules):
+            if i + 1 < len(rules):
+                index.prefetch(rules[i + 1].sources)
+            _write_one(rule, index, writers, mapping, dtype)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _write_one(
@@ -172,12 +189,13 @@ def _write_one(
     mapping: Mapping,
     dtype: torch.dtype,
 ) -> None:
-    """Map, check, split and copy one tensor; the cast happens in the copy into the output's
-    pages. Its own function so that every view of the input mapping is gone when it returns."""
+    """Map, split, cast, check and write one tensor, a block at a time. Its own function so
+    that every view of the input mapping is gone when it returns."""
     # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
     # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
-    for rank, name, pieces in shard(rule.name, _load(rule, index, dtype), mapping):
-        writers[rank].write(name, pieces)
+    check = _checker(rule, dtype)
+    for rank, name, pieces in shard(rule.name, _load(rule, index), mapping):
+        writers[rank].write(name, pieces, check)
 
 
 def convert_checkpoint(

@@ -2,18 +2,22 @@
 
 Written by hand because the safetensors library saves whole dicts (the model would have to fit
 in memory) and maps whole files, whose touched pages count towards the process's RSS for as long
-as the file is open. Here each tensor is mapped on its own, read or written in place (a cast
-happens in the copy into the output file's pages), and unmapped once done, so the page cache
-does the buffering and the process holds about one tensor; see docs/design.md.
+as the file is open. Here each input tensor is mapped on its own and unmapped once done; output
+is cast a block at a time into two reused windows that a writer thread sends to the file
+(O_DIRECT where the file system allows), so the process holds about one tensor plus the
+windows; see docs/design.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
 import os
 import struct
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,13 @@ DTYPES: dict[str, torch.dtype] = {
 }
 CODES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
+#: At most this many bytes are cast per block (one check, one slice of the source at a time).
+STAGING_BYTES = 4 << 20
+#: Bytes per write to the output file (two windows of this size, plus a block, per file).
+WINDOW_BYTES = 16 << 20
+
+#: A check run on each block as written: (block in the target dtype, the source it came from).
+Check = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -171,13 +182,133 @@ class SafetensorsIndex:
         self._fds.clear()
 
 
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+class _OutputStream:
+    """Bytes appended to a file through two page-aligned windows; a full window is written by a
+    background thread while the other fills.
+
+    Where the file system allows, windows go out with O_DIRECT: the bytes go from the window to
+    the disk without passing through the page cache, which would first have to find, zero and
+    later write back a fresh page for every 4 KiB (on a small host that costs more CPU than the
+    cast itself; docs/benchmarks.md). The unaligned tail, a write out of order, or a file system
+    that refuses O_DIRECT use ordinary buffered writes.
+    """
+
+    ALIGN = 4096
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.direct: int | None = None
+        if hasattr(os, "O_DIRECT"):
+            try:
+                self.direct = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            except OSError:
+                self.direct = None  # e.g. tmpfs before Linux 6.6: buffered writes
+        self.windows = [self._window(WINDOW_BYTES + STAGING_BYTES) for _ in range(2)]
+        self.pending: list[Future[None] | None] = [None, None]
+        self.turn = 0
+        self.start = 0  # file offset of the current window's first byte
+        self.fill = 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-writer")
+
+    @staticmethod
+    def _window(size: int) -> torch.Tensor:
+        return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)  # page-aligned
+
+    @property
+    def position(self) -> int:
+        return self.start + self.fill
+
+    def reserve(self, count: int) -> torch.Tensor:
+        """The next `count` bytes of the current window, to be filled and then committed."""
+        window = self.windows[self.turn]
+        if self.fill + count > window.numel():  # a block larger than STAGING_BYTES
+            self._emit(self.fill - self.fill % self.ALIGN)  # keeps the window's start aligned
+            window = self.windows[self.turn]
+            if self.fill + count > window.numel():
+                bigger = self._window(self.fill + count)
+                bigger[: self.fill].copy_(window[: self.fill])
+                window = self.windows[self.turn] = bigger
+        return window[self.fill : self.fill + count]
+
+    def commit(self, count: int) -> None:
+        self.fill += count
+        if self.fill >= WINDOW_BYTES:
+            self._emit(WINDOW_BYTES)
+
+    def seek(self, offset: int) -> None:
+        """Continue at `offset` (a write out of order): buffered writes from here on."""
+        if offset != self.position:
+            self._emit(self.fill)
+            self.drain()
+            self._close_direct()
+            self.start, self.fill = offset, 0
+
+    def _emit(self, count: int) -> None:
+        """Hand the first `count` bytes of the current window to the writer thread and carry
+        the rest into the other window, once that one's last write is done."""
+        other = 1 - self.turn
+        if self.pending[other] is not None:
+            self.pending[other].result()  # type: ignore[union-attr]
+            self.pending[other] = None
+        rest = self.fill - count
+        source, target = self.windows[self.turn], self.windows[other]
+        if rest > target.numel():
+            target = self.windows[other] = self._window(rest)
+        target[:rest].copy_(source[count : self.fill])
+        self.pending[self.turn] = self.pool.submit(self._write, source, count, self.start)
+        self.turn, self.start, self.fill = other, self.start + count, rest
+
+    def _write(self, window: torch.Tensor, count: int, offset: int) -> None:
+        data = window.numpy().data[:count]
+        aligned = count - count % self.ALIGN if offset % self.ALIGN == 0 else 0
+        if self.direct is not None and aligned:
+            try:
+                _pwrite_all(self.direct, data[:aligned], offset)
+                data, offset = data[aligned:], offset + aligned
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._close_direct()  # a larger block size than we align to: buffered
+        _pwrite_all(self.fd, data, offset)
+
+    def drain(self) -> None:
+        for i, write in enumerate(self.pending):
+            if write is not None:
+                self.pending[i] = None
+                write.result()  # the writer thread's error (a full disk, say)
+
+    def _close_direct(self) -> None:
+        direct, self.direct = self.direct, None
+        if direct is not None:
+            os.close(direct)
+
+    def close(self, *, flush: bool) -> None:
+        try:
+            if flush:
+                self._emit(self.fill)
+                self.drain()
+            else:  # already failing: the file is discarded, its write errors do not matter
+                for write in self.pending:
+                    if write is not None:
+                        write.exception()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self._close_direct()
+
+
 class StreamingWriter:
     """Writes one safetensors file whose tensor names, dtypes and shapes are known up front.
 
-    The header is written first; each tensor's bytes are then written at its offset, in any
-    order. Data is laid out in the plan's order, so writing in that order appends sequentially
-    (the safetensors library sorts by element size, then name; pass a plan in that order to
-    get its exact bytes). `close` checks that every planned tensor was written.
+    Data is laid out in the plan's order (the safetensors library sorts by element size, then
+    name; pass a plan in that order to get its exact bytes). Writing in that order streams the
+    file front to back through `_OutputStream`; tensors may also come in any other order, at
+    some cost in speed. `close` checks that every planned tensor was written.
     """
 
     def __init__(
@@ -189,43 +320,48 @@ class StreamingWriter:
         def size(item: tuple[torch.dtype, tuple[int, ...]]) -> int:
             return math.prod(item[1]) * torch.empty((), dtype=item[0]).element_size()
 
-        order = list(plan)
         header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
         offset = 0
         self.offsets: dict[str, tuple[int, int]] = {}
-        for name in order:
-            dtype, shape = plan[name]
-            end = offset + size(plan[name])
+        for name, item in plan.items():
+            end = offset + size(item)
             header[name] = {
-                "dtype": CODES[dtype],
-                "shape": list(shape),
+                "dtype": CODES[item[0]],
+                "shape": list(item[1]),
                 "data_offsets": [offset, end],
             }
             self.offsets[name] = (offset, end)
             offset = end
         raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
+        raw = struct.pack("<Q", len(raw) + -len(raw) % 8) + raw + b" " * (-len(raw) % 8)
         self.plan = plan
-        self.base = 8 + len(raw)
+        self.base = len(raw)
         self.path = path
-        self.fh = open(path, "w+b")  # noqa: SIM115  (closed by close())
-        self.fh.write(struct.pack("<Q", len(raw)) + raw)
-        self.fh.flush()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            # Reserve the blocks now: a full disk then fails here, as an error, instead of
-            # killing the process with SIGBUS when a write through a mapping finds no space.
-            os.posix_fallocate(self.fh.fileno(), 0, self.base + offset)
+            # Reserve the blocks now: a full disk then fails here, with a clear error, before
+            # any time is spent converting.
+            os.posix_fallocate(self.fd, 0, self.base + offset)
         except OSError as exc:
-            self.fh.close()
+            os.close(self.fd)
             raise OutputError(
                 f"cannot reserve {_size(self.base + offset)} for {path} ({exc.strerror}): "
                 "free disk space or choose another --out"
             ) from None
+        self.stream = _OutputStream(self.fd, path)
+        self.stream.reserve(len(raw)).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        self.stream.commit(len(raw))
         self.pending = set(plan)
 
-    def write(self, name: str, tensor: torch.Tensor | list[torch.Tensor]) -> None:
-        """Copy `tensor` — or parts to concatenate on dim 0 — into its place, in any layout;
-        the cast to the planned dtype happens in the copy."""
+    def write(
+        self, name: str, tensor: torch.Tensor | list[torch.Tensor], check: Check | None = None
+    ) -> None:
+        """Write `tensor` — or parts to concatenate on dim 0 — at its place, in any layout.
+
+        The parts are cast to the planned dtype a block of rows at a time, straight into the
+        output window. `check(block, source_block)` sees each cast block, with the slice of the
+        source it came from, while it is still in the cache and before it is written.
+        """
         dtype, shape = self.plan[name]
         parts = tensor if isinstance(tensor, list) else [tensor]
         got = (
@@ -235,22 +371,23 @@ class StreamingWriter:
         )
         if got != shape:
             raise ValueError(f"{name}: planned shape {list(shape)}, got {list(got)}")
-        start, end = self.offsets[name]
-        if end > start:
-            mm, skip = _map(
-                self.fh.fileno(), self.base + start, self.base + end, access=mmap.ACCESS_WRITE
-            )
-            target = torch.frombuffer(mm, dtype=torch.uint8, offset=skip, count=end - start)
-            view = target.view(dtype).reshape(shape)
-            row = 0
-            for part in parts:
-                if len(parts) == 1:
-                    view.copy_(part)
-                else:
-                    view[row : row + part.shape[0]].copy_(part)
-                    row += part.shape[0]
-            del view
-            del target  # unmaps: the pages stay in the page cache, dirty, until written back
+        self.stream.seek(self.base + self.offsets[name][0])
+        item = torch.empty((), dtype=dtype).element_size()
+        for part in parts:
+            if part.numel() == 0:
+                continue
+            # Blocks of whole rows (of the flattened tensor where its layout allows).
+            rows = part.reshape(-1) if part.is_contiguous() else part
+            row_bytes = math.prod(rows.shape[1:]) * item
+            step = max(1, STAGING_BYTES // row_bytes)
+            for row in range(0, rows.shape[0], step):
+                source = rows[row : row + step]
+                count = source.numel() * item
+                block = self.stream.reserve(count).view(dtype).view(source.shape)
+                block.copy_(source)
+                if check is not None:
+                    check(block, source)
+                self.stream.commit(count)
         self.pending.discard(name)
 
     def __enter__(self) -> StreamingWriter:
@@ -259,11 +396,17 @@ class StreamingWriter:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.close()
-        else:
-            self.fh.close()  # the caller's atomic directory discards the partial file
+        else:  # the caller's atomic directory discards the partial file
+            try:
+                self.stream.close(flush=False)
+            finally:
+                os.close(self.fd)
 
     def close(self) -> None:
-        self.fh.close()
+        try:
+            self.stream.close(flush=True)
+        finally:
+            os.close(self.fd)
         if self.pending:
             raise ValueError(
                 f"{self.path.name}: {len(self.pending)} planned tensor(s) never written, e.g. {min(self.pending)}"
