@@ -92,6 +92,22 @@ def test_greedy_matches_transformers_generate(tiny_llama: Path, tmp_path: Path) 
     assert model.greedy(prompt.tolist(), 8, set()) == out[0, 6:].tolist()
 
 
+def test_a_left_padded_batch_matches_each_sequence_alone(tiny_llama: Path, tmp_path: Path) -> None:
+    model = _run(tiny_llama, tmp_path, FloatMode("float32"))  # float16 rounds batch sums apart
+    prompts = [IDS.tolist(), IDS[:4].tolist(), IDS[3:10].tolist()]
+    width = len(IDS)
+    batch = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    pad = torch.tensor([width - len(p) for p in prompts])
+    logits = model.forward(batch, pad=pad)
+    for row, prompt in enumerate(prompts):
+        alone = model.forward(torch.tensor(prompt))
+        torch.testing.assert_close(logits[row, int(pad[row]) :], alone, atol=1e-4, rtol=1e-4)
+    stop = {int(model.forward(IDS[:4]).argmax(-1)[-1])}  # the second prompt stops at once
+    batched = model.greedy_batch(prompts, 6, stop)
+    assert batched == [model.greedy(p, 6, stop) for p in prompts]
+    assert len(batched[1]) == 1 and len(batched[0]) == 6
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_runtime_agrees_with_cpu_and_passes_verify(

@@ -82,14 +82,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class KVCache:
-    """Per-layer keys and values, [kv_heads, tokens, head_size], in the checkpoint dtype grid."""
+    """Per-layer keys and values, [batch, kv_heads, tokens, head_size], in the checkpoint dtype
+    grid; `pad` is each sequence's count of left padding."""
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    pad: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
+        return self.keys[0].shape[2] if self.keys else 0
 
 
 class ReferenceModel:
@@ -180,8 +182,9 @@ class ReferenceModel:
         return self._round(x * torch.rsqrt(var + self.eps) * weight)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((angles, angles), dim=-1)
+        """x [batch, heads, tokens, head], positions [batch, tokens]."""
+        angles = positions.float()[..., None] * self.inv_freq  # [batch, tokens, rot / 2]
+        emb = torch.cat((angles, angles), dim=-1)[:, None]
         rot = emb.shape[-1]
         xr, xp = x[..., :rot], x[..., rot:]
         out = xr * emb.cos() + _rotate_half(xr) * emb.sin()
@@ -192,31 +195,39 @@ class ReferenceModel:
     ) -> torch.Tensor:
         p = f"transformer.layers.{i}.attention"
         qkv = self._linear(h, f"{p}.qkv")
-        t = h.shape[0]
+        b, t = h.shape[:2]
         q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
-        q = qkv[:, :q_dim].reshape(t, self.heads, self.head).transpose(0, 1)
-        k = qkv[:, q_dim : q_dim + kv_dim].reshape(t, self.kv_heads, self.head).transpose(0, 1)
-        v = qkv[:, q_dim + kv_dim :].reshape(t, self.kv_heads, self.head).transpose(0, 1)
+        q = qkv[..., :q_dim].reshape(b, t, self.heads, self.head).transpose(1, 2)
+        k = qkv[..., q_dim : q_dim + kv_dim].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
+        v = qkv[..., q_dim + kv_dim :].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
         if self.qk_norm:
             q, k = self._norm(q, f"{p}.q_layernorm"), self._norm(k, f"{p}.k_layernorm")
         if not self.learned_positions:
             q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
         if len(cache.keys) > i:
-            k = torch.cat((cache.keys[i], k), dim=1)
-            v = torch.cat((cache.values[i], v), dim=1)
+            k = torch.cat((cache.keys[i], k), dim=2)
+            v = torch.cat((cache.values[i], v), dim=2)
             cache.keys[i], cache.values[i] = k, v
         else:
             cache.keys.append(k)
             cache.values.append(v)
-        group = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-        past = k.shape[1] - t
-        mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=h.device).tril(diagonal=past)
         attn = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], attn_mask=mask[None, None]
-        )[0]
-        attn = self._round(attn.transpose(0, 1).reshape(t, q_dim))
+            q, k, v, attn_mask=self._mask(cache, t, k.shape[2]), enable_gqa=True
+        )
+        attn = self._round(attn.transpose(1, 2).reshape(b, t, q_dim))
         return self._linear(attn, f"{p}.dense")
+
+    def _mask(self, cache: KVCache, t: int, total: int) -> torch.Tensor:
+        """[batch, 1, t, total]: causal, left padding hidden (a padding query sees itself, so
+        its row is never empty; its output is ignored)."""
+        past = total - t
+        causal = torch.ones(t, total, dtype=torch.bool, device=self.device).tril(diagonal=past)
+        if cache.pad is None or not bool(cache.pad.any()):
+            return causal[None, None]
+        keys = torch.arange(total, device=self.device)
+        visible = causal[None] & (keys[None, None, :] >= cache.pad[:, None, None])
+        own = keys[None, None, :] == torch.arange(past, total, device=self.device)[None, :, None]
+        return (visible | own)[:, None]
 
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         p = f"transformer.layers.{i}.mlp"
@@ -226,11 +237,27 @@ class ReferenceModel:
         return self._linear(self._round(act), f"{p}.proj")
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits (float32, [tokens, vocab]) for `ids` appended after what `cache` holds."""
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        pad: torch.Tensor | None = None,
+        hidden: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits (float32) for `ids` appended after what `cache` holds: [tokens, vocab] for
+        one sequence of [tokens], [batch, tokens, vocab] for a batch. A batch is left-padded:
+        `pad` (on the first call) gives each sequence's count of padding tokens. `hidden`, if
+        given, receives the residual stream after each layer, then the final norm's output."""
         cache = cache if cache is not None else KVCache()
-        ids = ids.to(self.device)
-        positions = torch.arange(cache.length, cache.length + ids.shape[0], device=self.device)
+        single = ids.dim() == 1
+        ids = (ids[None] if single else ids).to(self.device)
+        if cache.pad is None:
+            cache.pad = (
+                torch.zeros(ids.shape[0], dtype=torch.long) if pad is None else pad.long()
+            ).to(self.device)
+        steps = torch.arange(cache.length, cache.length + ids.shape[1], device=self.device)
+        positions = (steps[None] - cache.pad[:, None]).clamp(min=0)
         x = self._dense["transformer.vocab_embedding.weight"][ids]
         if self.learned_positions:
             x = x + self._dense["transformer.position_embedding.weight"][positions]
@@ -241,19 +268,40 @@ class ReferenceModel:
                 x + self._attention(i, self._norm(x, f"{lp}.input_layernorm"), cache, positions)
             )
             x = self._round(x + self._mlp(i, self._norm(x, f"{lp}.post_layernorm")))
+            if hidden is not None:
+                hidden.append(x[0] if single else x)
         x = self._norm(x, "transformer.ln_f")
-        return (x @ self._dense["lm_head.weight"].T).float()
+        if hidden is not None:
+            hidden.append(x[0] if single else x)
+        logits = (x @ self._dense["lm_head.weight"].T).float()
+        return logits[0] if single else logits
 
     @torch.inference_mode()
     def greedy(self, ids: list[int], max_new_tokens: int, end_ids: set[int]) -> list[int]:
-        """Greedy continuation with a KV cache; stops after an end id."""
+        """Greedy continuation of one prompt with a KV cache; stops after an end id."""
+        return self.greedy_batch([ids], max_new_tokens, end_ids)[0]
+
+    @torch.inference_mode()
+    def greedy_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, end_ids: set[int], pad_id: int = 0
+    ) -> list[list[int]]:
+        """Greedy continuations of a batch of prompts (left-padded, one KV cache); each stops
+        after its first end id."""
+        width = max(len(p) for p in prompts)
+        pad = torch.tensor([width - len(p) for p in prompts])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
         cache = KVCache()
-        logits = self.forward(torch.tensor(ids), cache)
-        out: list[int] = []
+        logits = self.forward(ids, cache, pad=pad)[:, -1]
+        out: list[list[int]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
         for _ in range(max_new_tokens):
-            token = int(logits[-1].argmax())
-            out.append(token)
-            if token in end_ids:
+            tokens = logits.argmax(-1).tolist()
+            for row, token in enumerate(tokens):
+                if not done[row]:
+                    out[row].append(token)
+                    done[row] = token in end_ids
+            if all(done):
                 break
-            logits = self.forward(torch.tensor([token]), cache)
+            step = torch.tensor([[t] for t in tokens])
+            logits = self.forward(step, cache)[:, -1]
         return out
