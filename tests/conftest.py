@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +91,31 @@ def edit_json(path: Path, **changes: object) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data, indent=2))
+
+
+def build_default(cwd: Path) -> dict[str, Any]:
+    exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
+    proc = subprocess.run(
+        [exe, "build", "--dtype", "int8", "--json"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(json.loads(proc.stdout))
+
+
+@pytest.fixture(scope="session")
+def default_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The README's main job, `trt-builder build --dtype int8`, run once in a fresh directory
+    on the embedded SmolLM2-135M-Instruct: (that directory, the --json result)."""
+    cwd = tmp_path_factory.mktemp("user")
+    return cwd, build_default(cwd)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(default_build: tuple[Path, dict[str, Any]]) -> Path:
+    """SmolLM2-135M-Instruct as fetch wrote it (safetensors, tokenizer, configs)."""
+    cwd, result = default_build
+    return cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "hf"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -52,6 +53,10 @@ def test_build_then_rerun_skips_everything(
     assert (variant / "checkpoint" / "rank0.safetensors").is_file()
     report = json.loads((variant / "reports" / "verify.json").read_text())
     assert report["passed"] and report["top1"] >= 0.99 and report["kl_mean"] <= 1e-3
+    assert report["perplexity"]["tokens"] > 0 and report["by_layer"] and report["by_position"]
+    junit = ElementTree.parse(variant / "reports" / "verify.junit.xml").getroot()
+    assert junit.get("failures") == "0" and int(junit.get("tests") or 0) > 5
+    assert (variant / "reports" / "verify.html").read_text().count("<svg") == 3
     assert (Path(result["triton_repository"]) / "ensemble" / "config.pbtxt").is_file()
     engine = result["stages"][3]
     assert engine["details"]["reason"] == "skipped: TensorRT-LLM not installed"
@@ -170,7 +175,14 @@ def test_standalone_verify_catches_a_wrong_rotary_base(
             3,
             "is not an existing directory, a .gguf file or a hub repo id",
         ),
-        (["verify", "--checkpoint", "."], 2, "--checkpoint and --reference go together"),
+        (["verify", "--checkpoint", "."], 2, "--reference (the HF model directory) is needed"),
+        (["verify", "--reference", "."], 2, "--checkpoint and --reference go together"),
+        (["verify", "--runtime", "triton", "--reference", "."], 2, "--runtime triton needs --url"),
+        (
+            ["verify", "--runtime", "tensorrt-llm", "--reference", "."],
+            2,
+            "--runtime tensorrt-llm needs --engine DIR",
+        ),
         (["build", "--revision", "main"], 3, "--revision applies to hub repo ids"),
     ],
 )

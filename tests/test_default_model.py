@@ -5,15 +5,13 @@ converter against nvidia-modelopt on that model."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import build_default
 from trt_builder.convert import convert_checkpoint
 from trt_builder.parallel import Mapping, merge
 from trt_builder.quant import FloatMode
@@ -21,27 +19,8 @@ from trt_builder.quant import FloatMode
 pytestmark = pytest.mark.integration
 
 
-def _build(cwd: Path) -> dict:
-    exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
-    proc = subprocess.run(
-        [exe, "build", "--dtype", "int8", "--json"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return dict(json.loads(proc.stdout))
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    cwd = tmp_path_factory.mktemp("user")
-    return cwd, _build(cwd)
-
-
-def test_build_int8_on_the_default_model(built: tuple[Path, dict]) -> None:
-    cwd, result = built
+def test_build_int8_on_the_default_model(default_build: tuple[Path, dict]) -> None:
+    cwd, result = default_build
     assert result["model"] == "SmolLM2-135M-Instruct" and result["variant"] == "int8-wo-tp1-pp1"
     assert any("weight-only (W8A16)" in n for n in result["notices"])
     stages = {s["name"]: s for s in result["stages"]}
@@ -69,7 +48,7 @@ def test_build_int8_on_the_default_model(built: tuple[Path, dict]) -> None:
     ]
     assert stages["engine"]["details"]["reason"] == "skipped: TensorRT-LLM not installed"
 
-    again = _build(cwd)
+    again = build_default(cwd)
     assert [s["status"] for s in again["stages"]] == [
         "cached",
         "cached",
@@ -80,12 +59,12 @@ def test_build_int8_on_the_default_model(built: tuple[Path, dict]) -> None:
 
 
 def test_smollm2_float16_is_bit_identical_to_modelopt_and_tp3_reassembles(
-    built: tuple[Path, dict], tmp_path: Path
+    default_build: tuple[Path, dict], tmp_path: Path
 ) -> None:
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM
 
-    cwd, result = built
+    cwd, result = default_build
     hf = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "hf"
     (tmp_path / "ours").mkdir()
     convert_checkpoint(hf, tmp_path / "ours", FloatMode("float16"))

@@ -13,28 +13,43 @@ from .errors import InputError
 
 @dataclass(frozen=True)
 class Gate:
-    """Pass criteria: teacher-forced top-1 agreement and mean KL(reference || candidate)."""
+    """Pass criteria against the reference: teacher-forced top-1 agreement and mean
+    KL(reference || candidate) on the prompt set, the held-out perplexity increase (percent),
+    and optionally greedy agreement."""
 
     min_top1: float
     max_kl: float
+    max_ppl_delta_pct: float | None = None
+    min_greedy: float | None = None
 
 
 #: Default gates per mode, against a float32 transformers reference. Measured on
 #: SmolLM2-135M-Instruct (docs/benchmarks.md) with headroom for other models.
 DEFAULT_GATES: dict[str, Gate] = {
-    "float32": Gate(min_top1=0.999, max_kl=1e-4),
-    "float16": Gate(min_top1=0.99, max_kl=1e-3),
-    "bfloat16": Gate(min_top1=0.95, max_kl=1e-2),
-    "int8-wo": Gate(min_top1=0.95, max_kl=2e-2),
+    "float32": Gate(min_top1=0.999, max_kl=1e-4, max_ppl_delta_pct=0.01),
+    "float16": Gate(min_top1=0.99, max_kl=1e-3, max_ppl_delta_pct=0.1),
+    "bfloat16": Gate(min_top1=0.95, max_kl=1e-2, max_ppl_delta_pct=1.0),
+    "int8-wo": Gate(min_top1=0.95, max_kl=2e-2, max_ppl_delta_pct=2.0),
 }
 
 
-def gate_for(mode: str, *, min_top1: float | None = None, max_kl: float | None = None) -> Gate:
+def gate_for(
+    mode: str,
+    *,
+    min_top1: float | None = None,
+    max_kl: float | None = None,
+    max_ppl_delta_pct: float | None = None,
+    min_greedy: float | None = None,
+) -> Gate:
     """The default gate of a mode, with the spec's overrides (None keeps the default)."""
     default = DEFAULT_GATES[mode]
     return Gate(
         min_top1=default.min_top1 if min_top1 is None else min_top1,
         max_kl=default.max_kl if max_kl is None else max_kl,
+        max_ppl_delta_pct=default.max_ppl_delta_pct
+        if max_ppl_delta_pct is None
+        else max_ppl_delta_pct,
+        min_greedy=default.min_greedy if min_greedy is None else min_greedy,
     )
 
 

@@ -237,7 +237,7 @@ def _plan(stage: Stage, ctx: BuildContext) -> StageRecord:
 
 def _verify_message(ctx: BuildContext, record: StageRecord) -> str:
     failures = "; ".join(record.details.get("failures") or ["gate failed"])
-    return f"verify failed: {failures} (report: {ctx.layout.reports / 'verify.json'})"
+    return f"verify failed: {failures} (report: {ctx.layout.reports / 'verify.html'})"
 
 
 def _write_manifest(ctx: BuildContext, result: BuildResult) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .gates import Gate, gate_for
 from .gpus import GPUS
 from .quant import DTYPE_CHOICES, QuantMode, mode_for
 
@@ -51,6 +52,9 @@ class VerifyOptions:
     device: str = "auto"
     min_top1: float | None = None
     max_kl: float | None = None
+    max_ppl_delta_pct: float | None = None  # held-out perplexity increase, percent
+    min_greedy: float | None = None
+    heldout_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_new_tokens <= 512:
@@ -61,6 +65,24 @@ class VerifyOptions:
             raise SpecError("verify.min_top1 is a fraction: give a value between 0 and 1")
         if self.max_kl is not None and self.max_kl < 0:
             raise SpecError("verify.max_kl must be >= 0")
+        if self.max_ppl_delta_pct is not None and self.max_ppl_delta_pct < 0:
+            raise SpecError("verify.max_ppl_delta_pct is a percent increase: give a value >= 0")
+        if self.min_greedy is not None and not 0.0 <= self.min_greedy <= 1.0:
+            raise SpecError("verify.min_greedy is a fraction: give a value between 0 and 1")
+        if not 0 <= self.heldout_tokens <= 65536:
+            raise SpecError(
+                "verify.heldout_tokens must be between 0 and 65536 (0 skips perplexity)"
+            )
+
+    def gate(self, mode: str) -> Gate:
+        """The mode's default gate with this spec's overrides."""
+        return gate_for(
+            mode,
+            min_top1=self.min_top1,
+            max_kl=self.max_kl,
+            max_ppl_delta_pct=self.max_ppl_delta_pct,
+            min_greedy=self.min_greedy,
+        )
 
 
 @dataclass(frozen=True)

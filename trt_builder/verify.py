@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,46 @@ def _kl(ref_logits: torch.Tensor, cand_logits: torch.Tensor) -> torch.Tensor:
     return (lp.exp() * (lp - lq)).sum(-1)
 
 
+def _nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of each next token ([tokens - 1])."""
+    return torch.nn.functional.cross_entropy(logits[:-1].double(), ids[1:], reduction="none")
+
+
+def _rel_error(cand: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((cand.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+class _ByPosition:
+    """KL and top-1 agreement summed by token position over all prompts."""
+
+    def __init__(self) -> None:
+        self.kl: list[float] = []
+        self.hits: list[float] = []
+        self.count: list[int] = []
+
+    def add(self, kl: torch.Tensor, hits: torch.Tensor) -> None:
+        for i, (k, h) in enumerate(zip(kl.tolist(), hits.tolist(), strict=True)):
+            if i == len(self.kl):
+                self.kl.append(0.0)
+                self.hits.append(0.0)
+                self.count.append(0)
+            self.kl[i] += k
+            self.hits[i] += h
+            self.count[i] += 1
+
+    def rows(self) -> list[dict[str, float]]:
+        return [
+            {"position": i, "kl_mean": k / n, "top1": h / n, "count": n}
+            for i, (k, h, n) in enumerate(zip(self.kl, self.hits, self.count, strict=True))
+        ]
+
+
 def compare(
     reference: Any,
     candidate: Any,
@@ -63,54 +105,136 @@ def compare(
     *,
     max_new_tokens: int,
     device: str,
+    candidate_tokenizer: Any = None,
+    pad_id: int = 0,
 ) -> dict[str, Any]:
-    """Teacher-forced and greedy comparison of candidate with reference over the prompt set."""
+    """Teacher-forced and greedy comparison of candidate with reference over the prompt set.
+
+    Teacher-forced sequences are each prompt plus the reference's greedy continuation, run by
+    both (token ids from the model's tokenizer); a runtime without teacher-forced logits
+    (`teacher_forced` False) is compared on generation alone. The candidate generates for all prompts in one
+    batch, from its own tokenizer's ids; texts are compared after decoding."""
+    prompts = encode_prompts(tokenizer)
+    teacher_forced = getattr(candidate, "teacher_forced", True)
+    cand_tok = candidate_tokenizer or tokenizer
+    cand_prompts = prompts if candidate_tokenizer is None else encode_prompts(candidate_tokenizer)
+    cand_conts = candidate.greedy_batch(
+        [ids for _, ids in cand_prompts], max_new_tokens, stop, pad_id
+    )
     per_prompt = []
+    positions = _ByPosition()
+    layer_err: list[list[float]] = []
     agree = total = 0
     kl_sum = 0.0
     max_err = 0.0
-    for text, ids in encode_prompts(tokenizer):
+    for (text, ids), cand_cont in zip(prompts, cand_conts, strict=True):
         ref_cont = hf_greedy(reference, ids, max_new_tokens, stop, device)
         seq = torch.tensor(ids + ref_cont)
-        with torch.inference_mode():
-            ref_logits = reference(seq[None].to(device)).logits[0].float().cpu()
-        cand_logits = candidate.forward(seq).cpu()
-        kl = _kl(ref_logits, cand_logits)
-        hits = (ref_logits.argmax(-1) == cand_logits.argmax(-1)).sum().item()
-        cand_cont = candidate.greedy(ids, max_new_tokens, stop)
-        same = next(
-            (i for i, (a, b) in enumerate(zip(ref_cont, cand_cont, strict=False)) if a != b),
-            min(len(ref_cont), len(cand_cont)),
-        )
+        ref_text = tokenizer.decode(ref_cont, skip_special_tokens=True)
+        cand_text = cand_tok.decode(cand_cont, skip_special_tokens=True)
+        row: dict[str, Any] = {"prompt": text[:80], "tokens": len(seq)}
+        if teacher_forced:
+            with torch.inference_mode():
+                out = reference(seq[None].to(device), output_hidden_states=True)
+            ref_logits = out.logits[0].float().cpu()
+            hidden: list[torch.Tensor] = []
+            cand_logits = candidate.forward(seq, hidden=hidden).cpu()
+            ref_hidden = [h[0] for h in (out.hidden_states or ())]
+            if hidden and len(ref_hidden) == len(hidden):
+                # ours: after each layer, then the final norm; transformers': the embeddings,
+                # after layers 0..L-2, then the final norm (applied to the last layer's output)
+                pairs = [
+                    *zip(hidden[:-2], ref_hidden[1:-1], strict=True),
+                    (hidden[-1], ref_hidden[-1]),
+                ]
+                layer_err.append([_rel_error(c, r.cpu()) for c, r in pairs])
+            kl = _kl(ref_logits, cand_logits)
+            hits = ref_logits.argmax(-1) == cand_logits.argmax(-1)
+            positions.add(kl, hits.double())
+            row.update(
+                top1=hits.double().mean().item(),
+                kl_mean=kl.mean().item(),
+                max_abs_logit_error=(ref_logits - cand_logits).abs().max().item(),
+            )
+            agree += int(hits.sum())
+            total += len(seq)
+            kl_sum += kl.sum().item()
+            max_err = max(max_err, row["max_abs_logit_error"])
         per_prompt.append(
             {
-                "prompt": text[:80],
-                "tokens": len(seq),
-                "top1": hits / len(seq),
-                "kl_mean": kl.mean().item(),
-                "max_abs_logit_error": (ref_logits - cand_logits).abs().max().item(),
-                "greedy_match_tokens": same,
+                **row,
+                "greedy_match_tokens": _first_difference(ref_cont, cand_cont),
                 "greedy_tokens": len(ref_cont),
-                "reference_text": tokenizer.decode(ref_cont),
-                "candidate_text": tokenizer.decode(cand_cont),
+                "text_match": ref_text == cand_text,
+                "reference_text": ref_text,
+                "candidate_text": cand_text,
+                "reference_ended": bool(ref_cont) and ref_cont[-1] in stop,
+                "candidate_ended": bool(cand_cont) and cand_cont[-1] in stop,
                 "candidate_empty": len(cand_cont) == 0
-                or cand_cont[0] in stop
-                and ref_cont[:1] != cand_cont[:1],
+                or (cand_cont[0] in stop and ref_cont[:1] != cand_cont[:1]),
             }
         )
-        agree += hits
-        total += len(seq)
-        kl_sum += kl.sum().item()
-        max_err = max(max_err, per_prompt[-1]["max_abs_logit_error"])
     greedy_tokens = sum(p["greedy_tokens"] for p in per_prompt)
+    by_layer = []
+    if layer_err:
+        n = len(layer_err[0])
+        for i in range(n):
+            row = {"layer": i, "rel_error": sum(e[i] for e in layer_err) / len(layer_err)}
+            by_layer.append({**row, "final": True} if i == n - 1 else row)
     return {
-        "top1": agree / total,
-        "kl_mean": kl_sum / total,
-        "max_abs_logit_error": max_err,
+        "top1": agree / total if total else None,
+        "kl_mean": kl_sum / total if total else None,
+        "max_abs_logit_error": max_err if total else None,
         "greedy_agreement": sum(p["greedy_match_tokens"] for p in per_prompt)
         / max(greedy_tokens, 1),
         "tokens": total,
         "prompts": per_prompt,
+        "by_position": positions.rows(),
+        "by_layer": by_layer,
+    }
+
+
+def heldout_windows(tokenizer: Any, tokens: int, window: int = 256) -> list[list[int]]:
+    """The bundled held-out text (never used for calibration or the INT8 search), tokenized
+    and cut into windows; `tokens` in all, at most."""
+    rows = resources.files("trt_builder").joinpath("data/corpus/heldout.jsonl").read_text("utf-8")
+    text = "\n\n".join(json.loads(line)["text"] for line in rows.splitlines() if line.strip())
+    ids = tokenizer(text).input_ids[:tokens]
+    return [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
+
+
+def perplexity(
+    reference: Any, candidate: Any, windows: list[list[int]], *, device: str, batch: int = 8
+) -> dict[str, Any]:
+    """Teacher-forced perplexity of both models on the held-out windows, with KL and top-1."""
+    ref_nll: list[torch.Tensor] = []
+    cand_nll: list[torch.Tensor] = []
+    kl_sum = hits = count = 0.0
+    max_err = 0.0
+    for start in range(0, len(windows), batch):
+        ids = torch.tensor(windows[start : start + batch])
+        with torch.inference_mode():
+            ref = reference(ids.to(device)).logits.float().cpu()
+        cand = candidate.forward(ids).cpu()
+        for row in range(ids.shape[0]):
+            ref_nll.append(_nll(ref[row], ids[row]))
+            cand_nll.append(_nll(cand[row], ids[row]))
+            kl_sum += float(_kl(ref[row], cand[row]).sum())
+            hits += float((ref[row].argmax(-1) == cand[row].argmax(-1)).sum())
+            count += ids.shape[1]
+            max_err = max(max_err, float((ref[row] - cand[row]).abs().max()))
+    if not ref_nll:
+        return {}
+    ppl_ref = math.exp(float(torch.cat(ref_nll).mean()))
+    ppl_cand = math.exp(float(torch.cat(cand_nll).mean()))
+    return {
+        "reference": ppl_ref,
+        "candidate": ppl_cand,
+        "delta_pct": 100.0 * (ppl_cand / ppl_ref - 1.0),
+        "tokens": int(count),
+        "top1": hits / count,
+        "kl_mean": kl_sum / count,
+        "max_abs_logit_error": max_err,
     }
 
 
@@ -140,19 +264,47 @@ def load_reference(hf_dir: Path) -> Any:
     return AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32)
 
 
+def _load_tokenizer(directory: Path, what: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(
+            f"transformers cannot load a tokenizer from {directory} ({exc}): pass {what}"
+        ) from None
+
+
+RUNTIMES = ("reference", "tensorrt-llm", "triton")
+#: Greedy agreement required of a runtime that gives no teacher-forced logits (an engine built
+#: without --gather_context_logits, a Triton deployment), unless the gate sets one.
+GREEDY_ONLY_MIN = 0.8
+
+
 def verify_checkpoint(
-    checkpoint: Path,
+    checkpoint: Path | None,
     reference_dir: Path,
     *,
     gate: Gate,
     max_new_tokens: int = 16,
     device: str = "auto",
+    tokenizer_dir: Path | None = None,
+    heldout_tokens: int = 2048,
+    runtime: str = "reference",
+    engine_dir: Path | None = None,
+    url: str | None = None,
 ) -> dict[str, Any]:
-    """Run the checkpoint through the reference runtime and compare it with transformers."""
-    from transformers import AutoTokenizer
+    """Run the model through a runtime and compare it with transformers.
+
+    `runtime` is "reference" (our torch runtime on `checkpoint`), "tensorrt-llm" (the engine in
+    `engine_dir`) or "triton" (the deployment at `url`). The checkpoint, where given, is also
+    checked statically against the HF model. `tokenizer_dir` is the tokenizer the deployment
+    uses (default: the model's own). Returns the report; `passed` is False when a gate or a
+    fatal finding fails."""
     from transformers.utils import logging as hf_logging
 
-    from .runtime.reference import ReferenceModel
+    from . import diagnose
+    from .runtime.reference import ReferenceModel, read_checkpoint
 
     hf_logging.disable_progress_bar()
     device = pick_device(device)
@@ -161,8 +313,13 @@ def verify_checkpoint(
             f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory"
         )
     start = time.perf_counter()
+    tokenizer = _load_tokenizer(reference_dir, "a Hugging Face model directory with its tokenizer")
+    candidate_tokenizer = (
+        _load_tokenizer(tokenizer_dir, "--tokenizer as a directory with tokenizer files")
+        if tokenizer_dir is not None and tokenizer_dir.resolve() != reference_dir.resolve()
+        else None
+    )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(reference_dir)
         reference = load_reference(reference_dir)
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(
@@ -170,34 +327,107 @@ def verify_checkpoint(
             "pass a Hugging Face model directory with its tokenizer"
         ) from None
     reference = reference.to(device).eval()  # type: ignore[arg-type]  # transformers' stubs
-    candidate = ReferenceModel.load(checkpoint, device=device)
+    candidate: Any
+    findings: list[diagnose.Finding] = []
+    notes: list[str] = []
+    config: dict[str, Any] = {}
+    if checkpoint is not None:
+        config, weights = read_checkpoint(checkpoint)
+        findings, notes = diagnose.check_static(checkpoint, config, weights, reference_dir)
+    if runtime == "reference":
+        if checkpoint is None:
+            raise InputError("the reference runtime runs a checkpoint: pass --checkpoint")
+        candidate = ReferenceModel(config, weights, device)
+        del weights
+    elif runtime == "tensorrt-llm":
+        from .runtime.engines import EngineRuntime
+
+        if engine_dir is None:
+            raise InputError("--runtime tensorrt-llm needs --engine DIR")
+        candidate = EngineRuntime(engine_dir, eos_token_id=tokenizer.eos_token_id)
+    elif runtime == "triton":
+        from .runtime.engines import TritonRuntime
+
+        if not url:
+            raise InputError("--runtime triton needs --url (grpc://host:8001 or http://host:8000)")
+        candidate = TritonRuntime(url)
+    else:
+        raise InputError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    teacher_forced = getattr(candidate, "teacher_forced", True)
+    stop = end_ids(reference_dir, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop, default=0)
+    if candidate_tokenizer is not None:
+        texts = list(load_prompts()["text"])
+        finding = diagnose.tokenizer_finding(candidate_tokenizer, tokenizer, texts)
+        if finding:
+            findings.append(finding)
     metrics = compare(
         reference,
         candidate,
         tokenizer,
-        end_ids(reference_dir, tokenizer),
+        stop,
         max_new_tokens=max_new_tokens,
         device=device,
+        candidate_tokenizer=candidate_tokenizer,
+        pad_id=pad_id,
     )
+    windows = heldout_windows(tokenizer, heldout_tokens) if teacher_forced else []
+    ppl = perplexity(reference, candidate, windows, device=device)
     failures = []
-    if metrics["top1"] < gate.min_top1:
+    if teacher_forced and not math.isfinite(metrics["kl_mean"]):
+        failures.append("the candidate's logits are not finite (NaN or Inf)")
+    if teacher_forced and metrics["top1"] < gate.min_top1:
         failures.append(f"top-1 agreement {metrics['top1']:.4f} < {gate.min_top1}")
-    if metrics["kl_mean"] > gate.max_kl:
+    if teacher_forced and metrics["kl_mean"] > gate.max_kl:
         failures.append(f"mean KL {metrics['kl_mean']:.2e} > {gate.max_kl:.0e}")
-    empty = [p["prompt"] for p in metrics["prompts"] if p["candidate_empty"]]
-    if empty:
-        failures.append(f"empty output for {len(empty)} prompt(s), e.g. {empty[0]!r}")
-    return {
-        "passed": not failures,
-        "failures": failures,
-        "gate": asdict(gate),
-        "runtime": "reference",
-        "device": device,
-        "checkpoint": str(checkpoint),
-        "reference": str(reference_dir),
-        "reference_dtype": "float32",
-        "checkpoint_dtype": candidate.config["dtype"],
-        "quant_algo": candidate.quant_algo,
-        "seconds": round(time.perf_counter() - start, 2),
-        **{k: v for k, v in metrics.items()},
-    }
+    min_greedy = gate.min_greedy
+    if min_greedy is None and not teacher_forced:
+        min_greedy = GREEDY_ONLY_MIN
+    if ppl and gate.max_ppl_delta_pct is not None and ppl["delta_pct"] > gate.max_ppl_delta_pct:
+        failures.append(
+            f"held-out perplexity {ppl['delta_pct']:+.2f}% > +{gate.max_ppl_delta_pct}%"
+        )
+    if min_greedy is not None and metrics["greedy_agreement"] < min_greedy:
+        failures.append(f"greedy agreement {metrics['greedy_agreement']:.3f} < {min_greedy}")
+    findings += diagnose.end_findings(metrics["prompts"], stop)
+    if failures or any(f.fatal for f in findings):
+        for extra in (
+            diagnose.position_finding(metrics["by_position"]),
+            diagnose.layer_finding(metrics["by_layer"]),
+        ):
+            if extra:
+                findings.append(extra)
+    failures += [f"{f.cause}: {f.evidence}" for f in findings if f.fatal]
+    return _finite(
+        {
+            "passed": not failures,
+            "failures": failures,
+            "diagnosis": [f.as_dict() for f in findings],
+            "notes": notes,
+            "gate": asdict(gate),
+            "runtime": "reference",
+            "device": device,
+            "checkpoint": str(checkpoint),
+            "reference": str(reference_dir),
+            "tokenizer": str(tokenizer_dir or reference_dir),
+            "reference_dtype": "float32",
+            "checkpoint_dtype": candidate.config["dtype"],
+            "quant_algo": candidate.quant_algo,
+            "end_ids": sorted(stop),
+            "pad_id": pad_id,
+            "seconds": round(time.perf_counter() - start, 2),
+            **metrics,
+            "perplexity": ppl,
+        }
+    )
+
+
+def _finite(value: Any) -> Any:
+    """The report with NaN and Inf as null, so that it stays valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -17,7 +17,7 @@ from ..errors import EXIT_CODES, TrtBuilderError, VerifyFailed
 from ..pipeline import BuildResult, run
 from ..spec import load_toml, make_spec
 from . import options
-from .render import StageProgress, summary
+from .render import StageProgress, summary, verify_figures
 
 err = Console(stderr=True, highlight=False)
 
@@ -133,59 +133,111 @@ _stage_command("package", ("package",), "Write the Triton model repository and v
     help="The HF model directory to compare --checkpoint with.",
 )
 @click.option(
+    "--runtime",
+    type=click.Choice(["reference", "tensorrt-llm", "triton"]),
+    default="reference",
+    show_default=True,
+    help="What runs the model: our reference runtime (a checkpoint), TensorRT-LLM (--engine) or a Triton deployment (--url).",
+)
+@click.option(
+    "--engine",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="The engine directory for --runtime tensorrt-llm.",
+)
+@click.option(
+    "--url", help="The Triton server for --runtime triton: grpc://host:8001 or http://host:8000."
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="The tokenizer the deployment uses, checked against the model's (default: --reference's).",
+)
+@click.option(
     "--report",
     type=click.Path(path_type=Path),
     default=Path("verify.json"),
     show_default=True,
-    help="Where --checkpoint mode writes its report.",
+    help="Where --checkpoint mode writes its JSON report (JUnit XML and HTML go beside it).",
 )
 def verify_command(
-    checkpoint: Path | None, reference: Path | None, report: Path, **kwargs: Any
+    checkpoint: Path | None,
+    reference: Path | None,
+    runtime: str,
+    engine: Path | None,
+    url: str | None,
+    tokenizer: Path | None,
+    report: Path,
+    **kwargs: Any,
 ) -> None:
-    """Compare the converted model with transformers; non-zero exit when a gate fails.
+    """Compare the model as built with transformers; non-zero exit when a gate fails.
 
     \b
     Examples:
       trt-builder verify --dtype int8
       trt-builder verify --checkpoint engines/m/r/float16-tp1-pp1/checkpoint --reference engines/m/r/hf
+      trt-builder verify --runtime tensorrt-llm --engine engines/m/r/float16-tp1-pp1/engine --reference engines/m/r/hf
+      trt-builder verify --runtime triton --url grpc://localhost:8001 --reference engines/m/r/hf
     """
-    if checkpoint is None and reference is None:
+    standalone = any(v is not None for v in (checkpoint, reference, engine, url, tokenizer))
+    if not standalone and runtime == "reference":
         _run(("verify",), kwargs)
         return
-    if checkpoint is None or reference is None:
+    if reference is None:
         raise click.UsageError(
-            "--checkpoint and --reference go together: give both, or neither to verify a build"
+            "--reference (the HF model directory) is needed to verify a checkpoint, an engine "
+            "or a deployment on its own; give none of these to verify a build"
         )
-    _verify_dirs(checkpoint, reference, report, kwargs)
+    if runtime == "reference" and checkpoint is None:
+        raise click.UsageError("--checkpoint and --reference go together for the reference runtime")
+    if runtime == "tensorrt-llm" and engine is None:
+        raise click.UsageError("--runtime tensorrt-llm needs --engine DIR")
+    if runtime == "triton" and not url:
+        raise click.UsageError("--runtime triton needs --url")
+    _verify_dirs(checkpoint, reference, report, kwargs,
+                 tokenizer=tokenizer, runtime=runtime, engine=engine, url=url)  # fmt: skip
 
 
 def _verify_dirs(
-    checkpoint: Path, reference: Path, report_path: Path, kwargs: dict[str, Any]
+    checkpoint: Path | None,
+    reference: Path,
+    report_path: Path,
+    kwargs: dict[str, Any],
+    *,
+    tokenizer: Path | None,
+    runtime: str,
+    engine: Path | None,
+    url: str | None,
 ) -> None:
     from ..fsio import write_json
-    from ..gates import checkpoint_mode, gate_for
+    from ..gates import checkpoint_mode
+    from ..reports import write_reports
     from ..verify import verify_checkpoint
 
     spec = _spec_from(dict(kwargs))
-    mode = checkpoint_mode(checkpoint)
-    gate = gate_for(mode, min_top1=spec.verify.min_top1, max_kl=spec.verify.max_kl)
+    mode = checkpoint_mode(checkpoint) if checkpoint is not None else spec.mode.name
     report = verify_checkpoint(
         checkpoint,
         reference,
-        gate=gate,
+        gate=spec.verify.gate(mode),
         max_new_tokens=spec.verify.max_new_tokens,
+        heldout_tokens=spec.verify.heldout_tokens,
         device=spec.verify.device,
+        tokenizer_dir=tokenizer,
+        runtime=runtime,
+        engine_dir=engine,
+        url=url,
     )
     write_json(report_path, report)
+    write_reports(report, report_path.parent, stem=report_path.stem)
     if kwargs.get("as_json"):
         click.echo(json.dumps(report, indent=2, default=str))
     else:
         verdict = "[green]pass[/]" if report["passed"] else "[red]FAIL[/]"
-        err.print(f"verify {verdict} ({mode}): top-1 {report['top1']:.4f}, KL {report['kl_mean']:.2e}, "
-                  f"greedy {report['greedy_agreement']:.2f}; report: {escape(str(report_path))}")  # fmt: skip
+        html = escape(str(report_path.with_suffix(".html")))
+        err.print(f"verify {verdict} ({mode}, {runtime}): {verify_figures(report)}; report: {html}")
     if not report["passed"]:
         raise VerifyFailed(
-            f"verify failed: {'; '.join(report['failures'])} (report: {report_path})"
+            f"verify failed: {'; '.join(report['failures'])} (report: {report_path.with_suffix('.html')})"
         )
 
 

@@ -55,6 +55,18 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         type=click.Choice(["auto", "cpu", "cuda"]),
         help="Where verify runs (default auto).",
     ),
+    click.option("--min-top1", type=float, help="Verify gate: least top-1 agreement (0-1)."),
+    click.option("--max-kl", type=float, help="Verify gate: largest mean KL divergence."),
+    click.option(
+        "--max-ppl-delta",
+        type=float,
+        help="Verify gate: largest held-out perplexity increase, in percent.",
+    ),
+    click.option(
+        "--heldout-tokens",
+        type=int,
+        help="Held-out tokens for verify's perplexity (default 2048; 0 skips it).",
+    ),
     click.option(
         "--allow-pickle",
         is_flag=True,
@@ -105,4 +117,6 @@ SPEC_KEYS: dict[str, str] = {
     "triton_root": "triton_root", "target_gpu": "target_gpu", "allow_pickle": "allow_pickle",
     "require_engine": "require_engine", "max_batch_size": "limits.max_batch_size",
     "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len", "device": "verify.device",
+    "min_top1": "verify.min_top1", "max_kl": "verify.max_kl", "max_ppl_delta": "verify.max_ppl_delta_pct",
+    "heldout_tokens": "verify.heldout_tokens",
 }  # fmt: skip

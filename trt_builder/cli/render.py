@@ -47,11 +47,22 @@ class StageProgress:
         )
 
 
+def verify_figures(report: dict[str, Any]) -> str:
+    """The headline verify figures that the runtime produced."""
+    parts = []
+    if report.get("top1") is not None:
+        parts.append(f"top-1 {report['top1']:.4f}, KL {report['kl_mean']:.2e}")
+    delta = report.get("ppl_delta_pct", (report.get("perplexity") or {}).get("delta_pct"))
+    if delta is not None:
+        parts.append(f"perplexity {delta:+.2f}%")
+    parts.append(f"greedy {report['greedy_agreement']:.2f}")
+    return ", ".join(parts)
+
+
 def detail(record: StageRecord) -> str:
     d: dict[str, Any] = record.details
-    if record.name == "verify" and "top1" in d:
-        verdict = "pass" if d.get("passed") else "FAIL"
-        return f"{verdict}: top-1 {d['top1']:.4f}, KL {d['kl_mean']:.2e}, greedy {d['greedy_agreement']:.2f}"
+    if record.name == "verify" and "greedy_agreement" in d:
+        return ("pass: " if d.get("passed") else "FAIL: ") + verify_figures(d)
     if record.name == "engine" and record.status == "skipped":
         return d.get("reason", "")
     if record.name == "package":

@@ -94,6 +94,27 @@ class KVCache:
         return self.keys[0].shape[2] if self.keys else 0
 
 
+def read_checkpoint(checkpoint: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config, the TP=1 PP=1 tensors as stored) of a TensorRT-LLM checkpoint directory."""
+    cfg_path = checkpoint / "config.json"
+    if not cfg_path.is_file():
+        raise InputError(
+            f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory"
+        )
+    config = json.loads(cfg_path.read_text())
+    mapping = Mapping.from_config(config)
+    ranks = []
+    for rank in range(mapping.world):
+        path = checkpoint / f"rank{rank}.safetensors"
+        if not path.is_file():
+            raise InputError(
+                f"{checkpoint} lacks {path.name} (world size {mapping.world}): reconvert it"
+            )
+        with safe_open(str(path), framework="pt") as fh:
+            ranks.append({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
+    return config, ranks[0] if mapping.world == 1 else merge(ranks, mapping)
+
+
 class ReferenceModel:
     """Executes a TensorRT-LLM checkpoint of any registered family; TP/PP ranks are merged first.
 
@@ -134,23 +155,7 @@ class ReferenceModel:
 
     @classmethod
     def load(cls, checkpoint: Path, device: str = "cpu") -> ReferenceModel:
-        cfg_path = checkpoint / "config.json"
-        if not cfg_path.is_file():
-            raise InputError(
-                f"{checkpoint} has no config.json: pass a TensorRT-LLM checkpoint directory"
-            )
-        config = json.loads(cfg_path.read_text())
-        mapping = Mapping.from_config(config)
-        ranks = []
-        for rank in range(mapping.world):
-            path = checkpoint / f"rank{rank}.safetensors"
-            if not path.is_file():
-                raise InputError(
-                    f"{checkpoint} lacks {path.name} (world size {mapping.world}): reconvert it"
-                )
-            with safe_open(str(path), framework="pt") as fh:
-                ranks.append({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
-        weights = ranks[0] if mapping.world == 1 else merge(ranks, mapping)
+        config, weights = read_checkpoint(checkpoint)
         return cls(config, weights, device)
 
     # -- numerics ---------------------------------------------------------------------------

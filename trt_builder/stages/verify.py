@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..fsio import write_json
-from ..gates import Gate, checkpoint_mode, gate_for
+from ..gates import Gate, checkpoint_mode
 from .base import BuildContext
 
 
@@ -17,7 +17,7 @@ def _gate(ctx: BuildContext) -> Gate:
     mode = ctx.spec.mode.name
     if (ctx.layout.checkpoint / "config.json").is_file():
         mode = checkpoint_mode(ctx.layout.checkpoint)
-    return gate_for(mode, min_top1=opts.min_top1, max_kl=opts.max_kl)
+    return opts.gate(mode)
 
 
 class VerifyStage:
@@ -26,10 +26,13 @@ class VerifyStage:
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
     code: ClassVar[tuple[str, ...]] = (
         "verify.py",
+        "diagnose.py",
+        "reports.py",
         "gates.py",
         "parallel.py",
         "runtime/reference.py",
         "data/prompts.json",
+        "data/corpus/heldout.jsonl",
     )
 
     def output_dir(self, ctx: BuildContext) -> Path:
@@ -42,10 +45,12 @@ class VerifyStage:
         return {
             "gate": asdict(_gate(ctx)),
             "max_new_tokens": ctx.spec.verify.max_new_tokens,
+            "heldout_tokens": ctx.spec.verify.heldout_tokens,
             "device": ctx.spec.verify.device,
         }
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        from ..reports import write_reports
         from ..verify import verify_checkpoint  # torch and transformers: only when it runs
 
         report = verify_checkpoint(
@@ -53,11 +58,18 @@ class VerifyStage:
             ctx.layout.hf,
             gate=_gate(ctx),
             max_new_tokens=ctx.spec.verify.max_new_tokens,
+            heldout_tokens=ctx.spec.verify.heldout_tokens,
             device=ctx.spec.verify.device,
         )
         write_json(work / "verify.json", report)
+        write_reports(report, work)
         summary = {
             k: report[k]
             for k in ("passed", "failures", "top1", "kl_mean", "greedy_agreement", "device")
         }
+        summary["ppl_delta_pct"] = (report.get("perplexity") or {}).get("delta_pct")
+        summary["likely_cause"] = next(
+            (d["cause"] for d in report["diagnosis"] if d["fatal"]),
+            report["diagnosis"][0]["cause"] if report["diagnosis"] else None,
+        )
         return {**summary, "failed": not report["passed"]}

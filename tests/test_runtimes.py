@@ -1,0 +1,102 @@
+"""verify's other runtimes: a TensorRT-LLM engine and a Triton deployment.
+
+Neither TensorRT-LLM nor a Triton server can be installed here: the logic around them (end
+ids, trimming, the requests sent) is tested on its own, and the tests that need the real thing
+are marked `trtllm` / `triton` and run where it exists (a GPU host; TRITON_URL set)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trt_builder.errors import EngineError, InputError
+from trt_builder.gates import gate_for
+from trt_builder.runtime.engines import EngineRuntime, TritonRuntime, primary_end_id, trim
+from trt_builder.verify import verify_checkpoint
+
+
+def test_continuations_stop_after_the_first_end_id() -> None:
+    assert trim([5, 6, 2, 0, 0], {2}) == [5, 6, 2]
+    assert trim([5, 7, 9], {2, 3}) == [5, 7, 9]
+    assert trim([3, 2], {2, 3}) == [3]  # any of the model's end ids, not only the one sent
+
+
+def test_one_end_id_per_request() -> None:
+    assert primary_end_id({2, 49152}, 2) == 2  # the tokenizer's eos, when it is an end id
+    assert primary_end_id({7, 3}, None) == 3
+    with pytest.raises(InputError, match="set eos_token_id in generation_config.json"):
+        primary_end_id(set(), None)
+
+
+def test_the_triton_request_matches_the_tensorrt_llm_model_inputs() -> None:
+    import tritonclient.grpc as client
+
+    runtime = TritonRuntime.__new__(TritonRuntime)  # no server here: only the request
+    runtime.client_module = client
+    inputs = runtime.request([1, 2, 3], 16, end_id=2, pad_id=0)
+    names = {i.name(): (i.shape(), i.datatype()) for i in inputs}
+    assert names == {
+        "input_ids": ([1, 3], "INT32"),
+        "input_lengths": ([1, 1], "INT32"),
+        "request_output_len": ([1, 1], "INT32"),
+        "end_id": ([1, 1], "INT32"),
+        "pad_id": ([1, 1], "INT32"),
+        "runtime_top_k": ([1, 1], "INT32"),
+    }
+
+
+def test_without_tensorrt_llm_the_engine_runtime_says_where_it_runs(tmp_path: Path) -> None:
+    if importlib.util.find_spec("tensorrt_llm") is not None:
+        pytest.skip("TensorRT-LLM is installed here")
+    with pytest.raises(EngineError, match="needs TensorRT-LLM on an NVIDIA GPU host"):
+        EngineRuntime(tmp_path)
+
+
+def test_an_unreachable_triton_server_is_a_one_line_error() -> None:
+    with pytest.raises(
+        InputError, match="cannot reach Triton at grpc://127.0.0.1:9 .*start the server"
+    ):
+        TritonRuntime("grpc://127.0.0.1:9", timeout=1.0)
+
+
+@pytest.mark.trtllm
+@pytest.mark.gpu
+def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:
+    """On a GPU host with TensorRT-LLM: build a float16 engine of SmolLM2 with context logits
+    and verify it through TensorRT-LLM's runtime against transformers."""
+    import subprocess
+
+    from trt_builder.convert import convert_checkpoint
+    from trt_builder.quant import FloatMode
+
+    ck, engine = tmp_path / "ck", tmp_path / "engine"
+    ck.mkdir()
+    convert_checkpoint(smollm2_hf, ck, FloatMode("float16"))
+    subprocess.run(
+        ["trtllm-build", "--checkpoint_dir", str(ck), "--output_dir", str(engine),
+         "--gemm_plugin", "auto", "--gather_context_logits", "--max_batch_size", "16"],
+        check=True,
+    )  # fmt: skip
+    report = verify_checkpoint(
+        ck, smollm2_hf, gate=gate_for("float16"), runtime="tensorrt-llm", engine_dir=engine
+    )
+    assert report["passed"], report["failures"]
+    assert report["teacher_forced"] and report["top1"] >= 0.99
+
+
+@pytest.mark.triton
+def test_verify_a_live_triton_deployment() -> None:
+    """With TRITON_URL (a server running a repository built by trt-builder) and
+    TRITON_REFERENCE (the HF model directory it was built from)."""
+    reference = Path(os.environ.get("TRITON_REFERENCE", ""))
+    if not (reference / "config.json").is_file():
+        pytest.skip("set TRITON_REFERENCE to the HF model directory of the deployment")
+    report = verify_checkpoint(
+        None, reference, gate=gate_for("float16"), runtime="triton", url=os.environ["TRITON_URL"]
+    )
+    assert report["passed"], report["failures"]
+    assert np.isfinite(report["greedy_agreement"]) and report["teacher_forced"] is False
