@@ -147,7 +147,7 @@ def compare(
                     *zip(hidden[:-2], ref_hidden[1:-1], strict=True),
                     (hidden[-1], ref_hidden[-1]),
                 ]
-                layer_err.append([_rel_error(c, r.cpu()) for c, r in pairs])
+                layer_err.append([_rel_error(c.cpu(), r.cpu()) for c, r in pairs])
             kl = _kl(ref_logits, cand_logits)
             hits = ref_logits.argmax(-1) == cand_logits.argmax(-1)
             positions.add(kl, hits.double())
