@@ -148,15 +148,21 @@ class TritonRuntime:
         end_id = primary_end_id(end_ids, None)
         out = []
         for prompt in prompts:
-            result = self.client.infer(
-                self.model,
-                self.request(prompt, max_new_tokens, end_id, pad_id),
-                outputs=[
-                    self.client_module.InferRequestedOutput(n)
-                    for n in ("output_ids", "sequence_length")
-                ],
-                client_timeout=self.timeout,
-            )
+            try:
+                result = self.client.infer(
+                    self.model,
+                    self.request(prompt, max_new_tokens, end_id, pad_id),
+                    outputs=[
+                        self.client_module.InferRequestedOutput(n)
+                        for n in ("output_ids", "sequence_length")
+                    ],
+                    client_timeout=self.timeout,
+                )
+            except Exception as exc:  # tritonclient's InferenceServerException and transport errors
+                raise EngineError(
+                    f"Triton refused or timed out on a request to {self.model} ({exc}); a "
+                    "decoupled (streaming) model needs decoupled_mode false for verify"
+                ) from None
             ids, length = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
             out.append(trim(ids[0, 0, len(prompt) : int(length[0, 0])].tolist(), end_ids))
         return out
