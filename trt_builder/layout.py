@@ -33,6 +33,10 @@ class Layout:
     def hf(self) -> Path:
         return self.model_dir / "hf"
 
+    def calibration(self, settings: str) -> Path:
+        """Calibration statistics, shared by every variant: one directory per settings."""
+        return self.model_dir / "calibration" / settings
+
     @property
     def variant_dir(self) -> Path:
         return self.model_dir / self.variant

@@ -29,6 +29,7 @@ from .stages.base import (
     run_stage,
     verify_state,
 )
+from .stages.calibrate import CalibrateStage
 from .stages.convert import ConvertStage
 from .stages.engine import EngineStage
 from .stages.fetch import FetchStage
@@ -38,6 +39,7 @@ from .versions import tool_versions
 
 STAGES: tuple[Stage, ...] = (
     FetchStage(),
+    CalibrateStage(),
     ConvertStage(),
     VerifyStage(),
     EngineStage(),
@@ -169,11 +171,11 @@ def run(
     emit = listener or (lambda *_: None)
     try:
         if dry_run:
-            result.records = [_plan(stage, ctx) for stage in STAGES if stage.name in only]
+            result.records = [_plan(stage, ctx) for stage in STAGES if _wanted(stage, ctx, only)]
             return result
         with _locked(ctx.layout.lock, lock_timeout):
             for stage in STAGES:
-                if stage.name not in only:
+                if not _wanted(stage, ctx, only):
                     continue
                 missing = _missing_inputs(stage, ctx)
                 if missing:
@@ -210,6 +212,15 @@ def run(
         result.hashed_bytes = ctx.digests.hashed_bytes
         result.seconds = time.perf_counter() - start
     return result
+
+
+def _wanted(stage: Stage, ctx: BuildContext, only: tuple[str, ...]) -> bool:
+    """A stage named in `only`; an optional stage (calibrate) also needs the mode to need it,
+    unless it is the one asked for."""
+    if stage.name not in only:
+        return False
+    wanted = getattr(stage, "wanted", None)
+    return wanted is None or bool(wanted(ctx, explicit=only == (stage.name,)))
 
 
 def _check_verified(stage: Stage, ctx: BuildContext) -> None:

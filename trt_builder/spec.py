@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import sys
 from dataclasses import dataclass, field
@@ -85,6 +86,50 @@ class VerifyOptions:
         )
 
 
+#: The default calibration set: `data/corpus/calibration.jsonl` (its README says what it is).
+BUNDLED = "bundled"
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What is calibrated on. `batch_size` and `device` change how, not what: they are not part
+    of the artifact's key."""
+
+    dataset: str = BUNDLED  # "bundled", a .txt or .jsonl file, or "hf:NAME[:SPLIT[:FIELD]]"
+    samples: int = 64
+    seq_len: int = 512
+    seed: int = 0
+    batch_size: int = 8
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.samples <= 65536:
+            raise SpecError("calibrate.samples must be between 1 and 65536")
+        if not 8 <= self.seq_len <= 32768:
+            raise SpecError("calibrate.seq_len must be between 8 and 32768")
+        if not 1 <= self.batch_size <= 4096:
+            raise SpecError("calibrate.batch_size must be between 1 and 4096")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise SpecError(f"calibrate.device must be auto, cpu or cuda, not {self.device!r}")
+
+    def key_fields(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "samples": self.samples,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+        }
+
+    def slug(self) -> str:
+        """A directory name for these settings (several can sit side by side)."""
+        name = (
+            self.dataset
+            if self.dataset == BUNDLED
+            else hashlib.sha256(self.dataset.encode()).hexdigest()[:8]
+        )
+        return f"{name}-{self.samples}x{self.seq_len}-seed{self.seed}"
+
+
 @dataclass(frozen=True)
 class BuildSpec:
     """Everything a build depends on besides the input files and tool versions."""
@@ -101,6 +146,7 @@ class BuildSpec:
     allow_pickle: bool = False
     require_engine: bool = False
     verify: VerifyOptions = field(default_factory=VerifyOptions)
+    calibrate: CalibrationOptions = field(default_factory=CalibrationOptions)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -138,7 +184,7 @@ class BuildSpec:
         return data
 
 
-_SECTIONS = {"limits": BuildLimits, "verify": VerifyOptions}
+_SECTIONS = {"limits": BuildLimits, "verify": VerifyOptions, "calibrate": CalibrationOptions}
 _PATH_FIELDS = ("out", "triton_root")
 
 

@@ -94,9 +94,15 @@ def _stage_command(name: str, stages: tuple[str, ...], help_text: str, example: 
 
 _stage_command(
     "build",
-    ("fetch", "convert", "verify", "engine", "package"),
-    "Run every stage: fetch, convert, verify, engine, package.",
+    ("fetch", "calibrate", "convert", "verify", "engine", "package"),
+    "Run every stage: fetch, calibrate (when the mode needs it), convert, verify, engine, package.",
     "trt-builder build --dtype int8",
+)
+_stage_command(
+    "calibrate",
+    ("calibrate",),
+    "Collect activation statistics for INT8 (SmoothQuant, the INT8 KV cache); shared by variants.",
+    "trt-builder calibrate --calib-samples 128 --calib-seq-len 512",
 )
 _stage_command(
     "fetch",

@@ -68,6 +68,21 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         help="Held-out tokens for verify's perplexity (default 2048; 0 skips it).",
     ),
     click.option(
+        "--calib-dataset",
+        help="Calibration text: 'bundled' (default), a .txt or .jsonl file, or hf:NAME[:SPLIT[:FIELD]].",
+    ),
+    click.option("--calib-samples", type=int, help="Calibration samples (default 64)."),
+    click.option("--calib-seq-len", type=int, help="Tokens per calibration sample (default 512)."),
+    click.option(
+        "--calib-seed", type=int, help="Seed that orders the calibration documents (default 0)."
+    ),
+    click.option("--calib-batch-size", type=int, help="Calibration batch size (default 8)."),
+    click.option(
+        "--calib-device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        help="Where calibrate runs (default auto; cuda uses every GPU and offloads what does not fit).",
+    ),
+    click.option(
         "--allow-pickle",
         is_flag=True,
         default=None,
@@ -118,5 +133,7 @@ SPEC_KEYS: dict[str, str] = {
     "require_engine": "require_engine", "max_batch_size": "limits.max_batch_size",
     "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len", "device": "verify.device",
     "min_top1": "verify.min_top1", "max_kl": "verify.max_kl", "max_ppl_delta": "verify.max_ppl_delta_pct",
-    "heldout_tokens": "verify.heldout_tokens",
+    "heldout_tokens": "verify.heldout_tokens", "calib_dataset": "calibrate.dataset",
+    "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",
+    "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device",
 }  # fmt: skip

@@ -1,0 +1,98 @@
+"""calibrate: activation statistics checked against an independent computation, its own cached
+artifact shared by variants, and its inputs (bundled set, text and JSONL files) refused clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tiny_models import make_tiny
+from trt_builder.calibrate import calibrate, load_stats, load_texts, make_samples
+from trt_builder.errors import InputError
+from trt_builder.pipeline import run
+from trt_builder.spec import CalibrationOptions, make_spec
+
+pytestmark = pytest.mark.integration
+SMALL = CalibrationOptions(samples=6, seq_len=32, batch_size=4)
+
+
+def test_statistics_match_an_independent_computation(tiny_llama: Path, tmp_path: Path) -> None:
+    summary = calibrate(tiny_llama, tmp_path, SMALL)
+    stats = load_stats(tmp_path)
+    assert summary["tokens"] == 6 * 32 and summary["linears"] == 2 * 7
+    ids = make_samples(AutoTokenizer.from_pretrained(tiny_llama), load_texts("bundled")[0], SMALL)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    layer = model.model.layers[0]
+    with torch.no_grad():  # layer 0's q/k/v input is the normed embedding: no hooks needed
+        x = layer.input_layernorm(model.model.embed_tokens(ids))
+        k = layer.self_attn.k_proj(x)
+    p = "model.layers.0.self_attn."
+    torch.testing.assert_close(stats[p + "q_proj.input_absmax"], x.abs().amax(dim=(0, 1)))
+    torch.testing.assert_close(stats[p + "k_proj.output_absmax"], k.abs().amax().reshape(1))
+    assert set(stats) == {
+        f"model.layers.{i}.{m}.{kind}"
+        for i in range(2)
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        for kind in ("input_absmax", "output_absmax")
+    }  # fmt: skip
+
+
+def test_gpt2_conv1d_layers_are_calibrated(tokenizer_dir: Path, tmp_path: Path) -> None:
+    make_tiny("gpt2", tmp_path / "gpt2", tokenizer_dir)
+    (tmp_path / "out").mkdir()
+    calibrate(tmp_path / "gpt2", tmp_path / "out", SMALL)
+    stats = load_stats(tmp_path / "out")
+    assert stats["transformer.h.1.attn.c_attn.input_absmax"].shape == (64,)
+    assert stats["transformer.h.1.mlp.c_proj.output_absmax"].item() > 0
+
+
+def test_samples_follow_the_seed(tiny_llama: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    texts = load_texts("bundled")[0]
+    a, b = make_samples(tok, texts, SMALL), make_samples(tok, texts, SMALL)
+    c = make_samples(tok, texts, CalibrationOptions(samples=6, seq_len=32, seed=1))
+    assert torch.equal(a, b) and not torch.equal(a, c) and a.shape == (6, 32)
+
+
+def test_text_and_jsonl_sets_and_their_errors(tiny_llama: Path, tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("First document about rivers.\n\nSecond one, about mountains.\n")
+    assert load_texts(str(text))[0] == [
+        "First document about rivers.",
+        "Second one, about mountains.",
+    ]
+    rows = tmp_path / "set.jsonl"
+    rows.write_text(json.dumps({"text": "one"}) + "\n\n" + json.dumps({"body": "two"}) + "\n")
+    with pytest.raises(
+        InputError, match='set.jsonl line 3 is not a JSON object with a "text" field'
+    ):
+        load_texts(str(rows))
+    with pytest.raises(InputError, match="is not a file: give a .txt or .jsonl file"):
+        load_texts(str(tmp_path / "missing.txt"))
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    with pytest.raises(
+        InputError, match="gives only 0 samples of 512 tokens: lower --calib-samples"
+    ):
+        make_samples(tok, ["short"], CalibrationOptions(samples=2, seq_len=512))
+
+
+def test_a_cached_artifact_shared_by_variants(tiny_llama: Path, tmp_path: Path) -> None:
+    def spec(**kw: object) -> object:
+        return make_spec(model=str(tiny_llama), out=tmp_path / "engines", triton_root=tmp_path / "t",
+                         **{"calibrate.samples": 6, "calibrate.seq_len": 32}, **kw)  # fmt: skip
+
+    run(spec(), only=("fetch",))
+    first = run(spec(), only=("calibrate",)).records[0]
+    assert first.status == "ran" and Path(first.output).name == "bundled-6x32-seed0"
+    again = run(spec(dtype="bfloat16"), only=("calibrate",)).records[0]  # a quantization knob
+    assert again.status == "cached" and again.key == first.key and again.output == first.output
+    other = run(spec(**{"calibrate.seed": 3}), only=("calibrate",)).records[0]
+    assert other.status == "ran" and Path(other.output).name == "bundled-6x32-seed3"
+    assert Path(first.output).is_dir()  # both settings kept side by side
+    build = run(spec(), only=("fetch", "calibrate", "convert"))
+    assert [r.name for r in build.records] == ["fetch", "convert"]  # float16 needs none
