@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tiny_models import make_tiny
 from trt_builder.calibrate import calibrate, load_stats, load_texts, make_samples
 from trt_builder.errors import InputError
-from trt_builder.pipeline import run
 from trt_builder.spec import CalibrationOptions, make_spec
 
 pytestmark = pytest.mark.integration
@@ -82,6 +81,8 @@ def test_text_and_jsonl_sets_and_their_errors(tiny_llama: Path, tmp_path: Path) 
 
 
 def test_a_cached_artifact_shared_by_variants(tiny_llama: Path, tmp_path: Path) -> None:
+    from trt_builder.pipeline import run  # tritonclient: absent on the GPU machine
+
     def spec(**kw: object) -> object:
         return make_spec(model=str(tiny_llama), out=tmp_path / "engines", triton_root=tmp_path / "t",
                          **{"calibrate.samples": 6, "calibrate.seq_len": 32}, **kw)  # fmt: skip
@@ -96,3 +97,21 @@ def test_a_cached_artifact_shared_by_variants(tiny_llama: Path, tmp_path: Path) 
     assert Path(first.output).is_dir()  # both settings kept side by side
     build = run(spec(), only=("fetch", "calibrate", "convert"))
     assert [r.name for r in build.records] == ["fetch", "convert"]  # float16 needs none
+
+
+@pytest.mark.gpu
+def test_cuda_calibration_agrees_with_cpu(tiny_llama: Path, tmp_path: Path) -> None:
+    """On CUDA the model is placed by accelerate's device_map (every GPU, offloading what does
+    not fit); the statistics agree with the CPU's."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cuda").mkdir()
+    calibrate(tiny_llama, tmp_path / "cpu", SMALL)
+    summary = calibrate(
+        tiny_llama, tmp_path / "cuda", CalibrationOptions(samples=6, seq_len=32, device="cuda")
+    )
+    cpu, cuda = load_stats(tmp_path / "cpu"), load_stats(tmp_path / "cuda")
+    assert summary["device"] == "cuda" and summary["peak_gpu_bytes"] > 0
+    assert cpu.keys() == cuda.keys()
+    for name in cpu:
+        torch.testing.assert_close(cuda[name], cpu[name], rtol=1e-3, atol=1e-4)
+    assert not (tmp_path / "cuda" / "offload").exists()

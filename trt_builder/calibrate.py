@@ -139,15 +139,15 @@ class _Recorder:
 
     def _hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+            # kept where the layer runs (no synchronisation per call); moved to the CPU once
             x = args[0].detach()
-            ax = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float().cpu()
-            ay = output.detach().abs().amax().float().cpu().reshape(1)
-            self.inputs[name] = (
-                ax if name not in self.inputs else torch.maximum(self.inputs[name], ax)
-            )
-            self.outputs[name] = (
-                ay if name not in self.outputs else torch.maximum(self.outputs[name], ay)
-            )
+            ax = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            ay = output.detach().abs().amax().float().reshape(1)
+            if name in self.inputs:
+                torch.maximum(self.inputs[name], ax, out=self.inputs[name])
+                torch.maximum(self.outputs[name], ay, out=self.outputs[name])
+            else:
+                self.inputs[name], self.outputs[name] = ax, ay
 
         return hook
 
@@ -156,9 +156,22 @@ class _Recorder:
             handle.remove()
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        out = {f"{n}.input_absmax": t for n, t in self.inputs.items()}
-        out.update({f"{n}.output_absmax": t for n, t in self.outputs.items()})
+        out = {f"{n}.input_absmax": t.cpu() for n, t in self.inputs.items()}
+        out.update({f"{n}.output_absmax": t.cpu() for n, t in self.outputs.items()})
         return out
+
+
+def collect(model: torch.nn.Module, ids: torch.Tensor, batch_size: int) -> dict[str, torch.Tensor]:
+    """Run `model` over the [samples, seq_len] ids in batches; the statistics by name."""
+    recorder = _Recorder(model)
+    first = next(model.parameters()).device
+    try:
+        with torch.inference_mode():
+            for row in range(0, ids.shape[0], batch_size):
+                model(ids[row : row + batch_size].to(first), use_cache=False)
+    finally:
+        recorder.close()
+    return recorder.tensors()
 
 
 def _load_model(hf_dir: Path, device: str, offload: Path) -> Any:
@@ -193,17 +206,9 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     ids = make_samples(tokenizer, texts, options)
     model = _load_model(hf_dir, device, out_dir / "offload").eval()
-    recorder = _Recorder(model)
-    first = next(model.parameters()).device
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    try:
-        with torch.inference_mode():
-            for row in range(0, ids.shape[0], options.batch_size):
-                model(ids[row : row + options.batch_size].to(first), use_cache=False)
-    finally:
-        recorder.close()
-    stats = recorder.tensors()
+    stats = collect(model, ids, options.batch_size)
     save_file({k: v.contiguous() for k, v in sorted(stats.items())}, str(out_dir / "calibration.safetensors"),
               metadata={"format": "pt"})  # fmt: skip
     seconds = round(time.perf_counter() - start, 2)
@@ -213,7 +218,7 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
         "dataset_digest": digest,
         "documents": len(texts),
         "tokens": int(ids.numel()),
-        "linears": len(recorder.inputs),
+        "linears": len(stats) // 2,
         "seconds": seconds,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
