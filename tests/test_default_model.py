@@ -21,24 +21,42 @@ pytestmark = pytest.mark.integration
 
 def test_build_int8_on_the_default_model(default_build: tuple[Path, dict]) -> None:
     cwd, result = default_build
-    assert result["model"] == "SmolLM2-135M-Instruct" and result["variant"] == "int8-wo-tp1-pp1"
-    assert any("weight-only (W8A16)" in n for n in result["notices"])
+    assert result["model"] == "SmolLM2-135M-Instruct" and result["variant"] == "int8-sq-tp1-pp1"
     stages = {s["name"]: s for s in result["stages"]}
-    assert [s["status"] for s in result["stages"]] == ["ran", "ran", "ran", "skipped", "ran"]
+    assert [(s["name"], s["status"]) for s in result["stages"]] == [
+        ("fetch", "ran"), ("calibrate", "ran"), ("convert", "ran"), ("verify", "ran"),
+        ("engine", "skipped"), ("package", "ran"),
+    ]  # fmt: skip
+    calibration = Path(stages["calibrate"]["output"])
+    assert calibration.name == "bundled-64x256-seed0" and calibration.parent.name == "calibration"
 
-    variant = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-wo-tp1-pp1"
+    variant = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-sq-tp1-pp1"
     config = json.loads((variant / "checkpoint" / "config.json").read_text())
-    assert config["quantization"]["quant_algo"] == "W8A16" and config["rotary_base"] == 100000.0
-    assert config["num_hidden_layers"] == 30 and config["num_key_value_heads"] == 3
+    quant = config["quantization"]
+    assert quant["quant_algo"] == "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN"
+    recipe = json.loads((variant / "checkpoint" / "recipe.json").read_text())
+    assert [c["alpha"] for c in recipe["candidates"]] == [0.4, 0.5, 0.6, 0.7, 0.8]
+    best = min(recipe["candidates"], key=lambda c: c["ppl_delta_pct"])
+    assert quant["smoothquant_val"] == recipe["chosen_alpha"] == best["alpha"]
+    assert quant["kv_cache_quant_algo"] is None
+    assert config["rotary_base"] == 100000.0 and config["num_key_value_heads"] == 3
+    weights = load_file(variant / "checkpoint" / "rank0.safetensors")
+    linears = [k for k in weights if k.endswith(("qkv.weight", "dense.weight", "fc.weight",
+                                                  "gate.weight", "proj.weight"))]  # fmt: skip
+    assert len(linears) == 5 * 30 and all(weights[k].dtype == torch.int8 for k in linears)
+    assert weights["lm_head.weight"].dtype == torch.float16  # every linear but lm_head in INT8
 
     report = json.loads((variant / "reports" / "verify.json").read_text())
-    assert report["passed"] and report["top1"] >= 0.95 and report["kl_mean"] <= 0.02
+    assert report["passed"] and report["quant_algo"] == "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN"
+    assert report["recipe"] == recipe
+    # the bar on held-out text: perplexity +1.5% at most, top-1 agreement 94% at least
+    assert report["perplexity"]["delta_pct"] <= 1.5 and report["perplexity"]["top1"] >= 0.94
     chat = [p for p in report["prompts"] if "boiling point" in p["prompt"]]
     assert (
         chat and "100" in chat[0]["reference_text"]
     )  # a real model answers, so the check means something
 
-    repo = cwd / "triton_repo" / f"smollm2-135m-instruct-{result['revision'][7:15]}-int8-wo-tp1-pp1"
+    repo = cwd / "triton_repo" / f"smollm2-135m-instruct-{result['revision'][7:15]}-int8-sq-tp1-pp1"
     assert Path(result["triton_repository"]).resolve() == repo.resolve()
     assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == [
         "ensemble",
@@ -50,6 +68,7 @@ def test_build_int8_on_the_default_model(default_build: tuple[Path, dict]) -> No
 
     again = build_default(cwd)
     assert [s["status"] for s in again["stages"]] == [
+        "cached",
         "cached",
         "cached",
         "cached",

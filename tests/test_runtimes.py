@@ -100,3 +100,38 @@ def test_verify_a_live_triton_deployment() -> None:
     )
     assert report["passed"], report["failures"]
     assert np.isfinite(report["greedy_agreement"]) and report["teacher_forced"] is False
+
+
+def test_verify_compares_a_greedy_only_runtime_on_generation(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in for the engine runtime, named as such: the reference runtime's generation
+    behind EngineRuntime's interface, without teacher-forced logits (an engine built without
+    --gather_context_logits). Verify then gates on greedy agreement alone."""
+    from trt_builder.convert import convert_checkpoint
+    from trt_builder.quant import FloatMode
+    from trt_builder.runtime import engines
+    from trt_builder.runtime.reference import ReferenceModel
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    convert_checkpoint(tiny_llama, ck, FloatMode("float32"))
+
+    class StandInEngineRuntime:
+        teacher_forced = False
+
+        def __init__(self, engine_dir: Path, *, eos_token_id: int | None = None) -> None:
+            self.model = ReferenceModel.load(ck)
+
+        def greedy_batch(self, *args: object) -> list[list[int]]:
+            return self.model.greedy_batch(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engines, "EngineRuntime", StandInEngineRuntime)
+    report = verify_checkpoint(
+        ck, tiny_llama, gate=gate_for("float32"), device="cpu", max_new_tokens=6,
+        runtime="tensorrt-llm", engine_dir=tmp_path,
+    )  # fmt: skip
+    assert report["passed"], report["failures"]
+    assert report["runtime"] == "tensorrt-llm" and report["engine"] == str(tmp_path)
+    assert report["teacher_forced"] is False and report["top1"] is None
+    assert report["perplexity"] == {} and report["greedy_agreement"] == 1.0

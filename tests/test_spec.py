@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from trt_builder.errors import SpecError
-from trt_builder.quant import FloatMode, WeightOnlyInt8, mode_for
-from trt_builder.spec import BuildLimits, BuildSpec, load_toml, make_spec
+from trt_builder.quant import FloatMode, SmoothQuant, WeightOnlyInt8, mode_for
+from trt_builder.spec import BuildLimits, BuildSpec, Int8Options, load_toml, make_spec
 
 
 def test_defaults_and_variant() -> None:
@@ -68,11 +68,21 @@ def test_bad_toml_file(tmp_path: Path) -> None:
 def test_modes_dispatch_by_dtype() -> None:
     assert mode_for("bfloat16") == (FloatMode("bfloat16"), None)
     mode, notice = mode_for("int8")
-    assert mode == WeightOnlyInt8() and mode.quant_algo == "W8A16"
-    assert notice is not None and "weight-only (W8A16)" in notice
+    assert mode == SmoothQuant(alpha=None) and notice is None
+    assert mode.quant_algo == "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN" and mode.needs_calibration
     assert mode_for("int8-wo") == (WeightOnlyInt8(), None)
-    assert (
-        BuildSpec(dtype="int8").variant == BuildSpec(dtype="int8-wo").variant == "int8-wo-tp1-pp1"
+    assert BuildSpec(dtype="int8-wo").variant == "int8-wo-tp1-pp1"
+    assert BuildSpec(dtype="int8").variant == "int8-sq-tp1-pp1"
+    static = BuildSpec(
+        dtype="int8", kv_cache="int8", int8=Int8Options(alpha=0.6, granularity="per-tensor")
     )
+    assert static.mode == SmoothQuant(alpha=0.6, per_token=False, kv_int8=True)
+    assert static.variant == "int8-sq-static-kv8-tp1-pp1"
+    assert static.mode.quant_algo == "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN"
+    assert make_spec(**{"dtype": "int8", "int8.alpha": "0.7"}).int8.alpha == 0.7  # a CLI string
+    with pytest.raises(SpecError, match="--kv-cache int8 goes with --dtype int8"):
+        BuildSpec(dtype="float16", kv_cache="int8")
+    with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):
+        Int8Options(alpha="high")
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):
         WeightOnlyInt8(dtype="float32")

@@ -30,7 +30,14 @@ DEFAULT_GATES: dict[str, Gate] = {
     "float16": Gate(min_top1=0.99, max_kl=1e-3, max_ppl_delta_pct=0.1),
     "bfloat16": Gate(min_top1=0.95, max_kl=1e-2, max_ppl_delta_pct=1.0),
     "int8-wo": Gate(min_top1=0.95, max_kl=2e-2, max_ppl_delta_pct=2.0),
+    # SmoothQuant W8A8 (any granularity, with or without the INT8 KV cache)
+    "int8": Gate(min_top1=0.85, max_kl=6e-2, max_ppl_delta_pct=3.0),
 }
+
+
+def gate_key(mode: str) -> str:
+    """The DEFAULT_GATES key of a mode name (int8-sq, int8-sq-static-kv8, ... share int8's)."""
+    return "int8" if mode.startswith("int8-sq") else mode
 
 
 def gate_for(
@@ -42,7 +49,7 @@ def gate_for(
     min_greedy: float | None = None,
 ) -> Gate:
     """The default gate of a mode, with the spec's overrides (None keeps the default)."""
-    default = DEFAULT_GATES[mode]
+    default = DEFAULT_GATES[gate_key(mode)]
     return Gate(
         min_top1=default.min_top1 if min_top1 is None else min_top1,
         max_kl=default.max_kl if max_kl is None else max_kl,
@@ -68,6 +75,8 @@ def checkpoint_mode(checkpoint: Path) -> str:
     algo = (config.get("quantization") or {}).get("quant_algo")
     if algo == "W8A16":
         return "int8-wo"
+    if str(algo).startswith("W8A8_SQ_"):
+        return "int8"
     if algo is None and config.get("dtype") in DEFAULT_GATES:
         return str(config["dtype"])
     raise InputError(f"no verify gate for a {config.get('dtype')} / {algo} checkpoint yet")

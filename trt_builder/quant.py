@@ -60,18 +60,72 @@ class WeightOnlyInt8:
         return {"mode": "weight_only_int8", "version": 1, **asdict(self)}
 
 
-QuantMode = FloatMode | WeightOnlyInt8
+@dataclass(frozen=True)
+class SmoothQuant:
+    """W8A8 SmoothQuant in TensorRT-LLM's plugin formats: int8 weights with one scale per output
+    channel, int8 activations with a dynamic scale per token (`per_token`) or one static scale
+    per tensor, smoothed by `alpha` (docs/quantization.md). `kv_int8` adds the INT8 KV cache.
+
+    The plugin formats (W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN / _PER_TENSOR_PLUGIN) rather than
+    the native W8A8_SQ_PER_CHANNEL: only they offer per-token activation scales, and every
+    pinned release (0.20-1.2) builds them with the SmoothQuant plugin."""
+
+    alpha: float | None = 0.5  # None: searched (trt_builder/recipe.py)
+    per_token: bool = True
+    kv_int8: bool = False
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
+            raise SpecError(f"SmoothQuant alpha must be between 0 and 1, not {self.alpha}")
+        if self.dtype not in ("float16", "bfloat16"):
+            raise SpecError(
+                f"SmoothQuant needs float16 or bfloat16 activations, not {self.dtype!r}"
+            )
+
+    needs_calibration = True
+
+    @property
+    def name(self) -> str:
+        return "int8-sq" + ("" if self.per_token else "-static") + ("-kv8" if self.kv_int8 else "")
+
+    @property
+    def quant_algo(self) -> str | None:
+        granularity = "PER_TOKEN" if self.per_token else "PER_TENSOR"
+        return f"W8A8_SQ_PER_CHANNEL_{granularity}_PLUGIN"
+
+    def to_json(self) -> dict:
+        return {"mode": "smoothquant", "version": 1, **asdict(self)}
 
 
-def mode_for(dtype: str) -> tuple[QuantMode, str | None]:
-    """Return the mode for a `--dtype` value and a notice to show the user, if any."""
+QuantMode = FloatMode | WeightOnlyInt8 | SmoothQuant
+
+
+KV_CACHE_CHOICES = ("model", "int8")  # model: the KV cache in the model dtype
+GRANULARITIES = ("per-token", "per-tensor")
+
+
+def mode_for(
+    dtype: str,
+    *,
+    kv_cache: str = "model",
+    alpha: float | None = None,
+    granularity: str = "per-token",
+) -> tuple[QuantMode, str | None]:
+    """Return the mode for a `--dtype` value (and the INT8 options) and a notice, if any."""
+    if kv_cache not in KV_CACHE_CHOICES:
+        raise SpecError(f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)}, not {kv_cache!r}")
+    if granularity not in GRANULARITIES:
+        raise SpecError(f"int8.granularity must be one of {', '.join(GRANULARITIES)}")
+    if dtype == "int8":  # calibrated SmoothQuant W8A8, the default INT8 recipe
+        return SmoothQuant(alpha, granularity == "per-token", kv_cache == "int8"), None
+    if kv_cache == "int8":
+        raise SpecError(
+            "--kv-cache int8 goes with --dtype int8 (calibrated SmoothQuant) so far: add --dtype int8, "
+            "or drop --kv-cache"
+        )
     if dtype in FLOAT_DTYPES:
         return FloatMode(dtype), None
     if dtype == "int8-wo":
         return WeightOnlyInt8(), None
-    if dtype == "int8":
-        return WeightOnlyInt8(), (
-            "--dtype int8 builds INT8 weight-only (W8A16) until calibrated SmoothQuant lands; "
-            "say --dtype int8-wo to keep this choice when it does"
-        )
     raise SpecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")

@@ -86,6 +86,26 @@ class VerifyOptions:
         )
 
 
+@dataclass(frozen=True)
+class Int8Options:
+    """The SmoothQuant recipe of --dtype int8: smoothing strength and activation granularity."""
+
+    alpha: float | str = "auto"  # "auto": searched on the corpus's search split (recipe.py)
+    granularity: str = "per-token"  # or "per-tensor" (static activation scales)
+
+    def __post_init__(self) -> None:
+        if self.alpha != "auto":
+            try:
+                alpha = float(self.alpha)
+            except (TypeError, ValueError):
+                raise SpecError("int8.alpha is 'auto' or a number between 0 and 1") from None
+            if not 0.0 <= alpha <= 1.0:
+                raise SpecError("int8.alpha must be between 0 and 1 (or 'auto')")
+            object.__setattr__(self, "alpha", alpha)
+        if self.granularity not in ("per-token", "per-tensor"):
+            raise SpecError("int8.granularity must be per-token or per-tensor")
+
+
 #: The default calibration set: `data/corpus/calibration.jsonl` (its README says what it is).
 BUNDLED = "bundled"
 
@@ -97,7 +117,7 @@ class CalibrationOptions:
 
     dataset: str = BUNDLED  # "bundled", a .txt or .jsonl file, or "hf:NAME[:SPLIT[:FIELD]]"
     samples: int = 64
-    seq_len: int = 512
+    seq_len: int = 256  # the bundled set holds about 32k SmolLM2 tokens: 64 x 256 fits
     seed: int = 0
     batch_size: int = 8
     device: str = "auto"
@@ -147,6 +167,8 @@ class BuildSpec:
     require_engine: bool = False
     verify: VerifyOptions = field(default_factory=VerifyOptions)
     calibrate: CalibrationOptions = field(default_factory=CalibrationOptions)
+    kv_cache: str = "model"  # or "int8" (with --dtype int8)
+    int8: Int8Options = field(default_factory=lambda: Int8Options())
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -161,14 +183,17 @@ class BuildSpec:
             raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
+        self.mode  # noqa: B018  (refuses a --kv-cache / --dtype combination that does not exist)
 
     @property
     def mode(self) -> QuantMode:
-        return mode_for(self.dtype)[0]
+        alpha = None if self.int8.alpha == "auto" else float(self.int8.alpha)
+        return mode_for(self.dtype, kv_cache=self.kv_cache, alpha=alpha,
+                        granularity=self.int8.granularity)[0]  # fmt: skip
 
     @property
     def mode_notice(self) -> str | None:
-        return mode_for(self.dtype)[1]
+        return mode_for(self.dtype, kv_cache=self.kv_cache)[1]
 
     @property
     def variant(self) -> str:
@@ -184,7 +209,12 @@ class BuildSpec:
         return data
 
 
-_SECTIONS = {"limits": BuildLimits, "verify": VerifyOptions, "calibrate": CalibrationOptions}
+_SECTIONS = {
+    "limits": BuildLimits,
+    "verify": VerifyOptions,
+    "calibrate": CalibrationOptions,
+    "int8": Int8Options,
+}
 _PATH_FIELDS = ("out", "triton_root")
 
 

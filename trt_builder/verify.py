@@ -405,21 +405,32 @@ def verify_checkpoint(
             "diagnosis": [f.as_dict() for f in findings],
             "notes": notes,
             "gate": asdict(gate),
-            "runtime": "reference",
+            "runtime": runtime,
+            "teacher_forced": teacher_forced,
             "device": device,
-            "checkpoint": str(checkpoint),
+            "checkpoint": str(checkpoint) if checkpoint is not None else None,
+            "engine": str(engine_dir) if engine_dir is not None else None,
+            "url": url,
             "reference": str(reference_dir),
             "tokenizer": str(tokenizer_dir or reference_dir),
             "reference_dtype": "float32",
-            "checkpoint_dtype": candidate.config["dtype"],
-            "quant_algo": candidate.quant_algo,
+            "checkpoint_dtype": config.get("dtype"),
+            "quant_algo": (config.get("quantization") or {}).get("quant_algo"),
+            "kv_cache_quant_algo": (config.get("quantization") or {}).get("kv_cache_quant_algo"),
             "end_ids": sorted(stop),
             "pad_id": pad_id,
             "seconds": round(time.perf_counter() - start, 2),
             **metrics,
             "perplexity": ppl,
+            "recipe": _recipe(checkpoint),
         }
     )
+
+
+def _recipe(checkpoint: Path | None) -> Any:
+    """The INT8 recipe search's record, where convert ran one (checkpoint/recipe.json)."""
+    path = checkpoint / "recipe.json" if checkpoint is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
 def _finite(value: Any) -> Any:

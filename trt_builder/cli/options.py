@@ -30,7 +30,20 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--dtype",
         type=click.Choice(DTYPE_CHOICES),
-        help="Precision: float16 (default), bfloat16, float32, int8, int8-wo.",
+        help="Precision: float16 (default), bfloat16, float32, auto, int8 (calibrated SmoothQuant W8A8), int8-wo (W8A16).",
+    ),
+    click.option(
+        "--kv-cache",
+        type=click.Choice(["model", "int8"]),
+        help="KV cache precision: the model dtype (default) or int8 (calibrated; with --dtype int8).",
+    ),
+    click.option(
+        "--sq-alpha", type=float, help="SmoothQuant alpha for --dtype int8 (default 0.5)."
+    ),
+    click.option(
+        "--sq-granularity",
+        type=click.Choice(["per-token", "per-tensor"]),
+        help="INT8 activation scales: per-token (default, dynamic) or per-tensor (static).",
     ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),
@@ -72,7 +85,7 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         help="Calibration text: 'bundled' (default), a .txt or .jsonl file, or hf:NAME[:SPLIT[:FIELD]].",
     ),
     click.option("--calib-samples", type=int, help="Calibration samples (default 64)."),
-    click.option("--calib-seq-len", type=int, help="Tokens per calibration sample (default 512)."),
+    click.option("--calib-seq-len", type=int, help="Tokens per calibration sample (default 256)."),
     click.option(
         "--calib-seed", type=int, help="Seed that orders the calibration documents (default 0)."
     ),
@@ -135,5 +148,6 @@ SPEC_KEYS: dict[str, str] = {
     "min_top1": "verify.min_top1", "max_kl": "verify.max_kl", "max_ppl_delta": "verify.max_ppl_delta_pct",
     "heldout_tokens": "verify.heldout_tokens", "calib_dataset": "calibrate.dataset",
     "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",
-    "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device",
+    "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device", "kv_cache": "kv_cache",
+    "sq_alpha": "int8.alpha", "sq_granularity": "int8.granularity",
 }  # fmt: skip

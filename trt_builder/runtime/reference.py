@@ -130,7 +130,11 @@ class ReferenceModel:
         self.config = config
         self.device = device
         self.dtype = _DTYPES[config["dtype"]]
-        self.quant_algo = (config.get("quantization") or {}).get("quant_algo")
+        quant = config.get("quantization") or {}
+        self.quant_algo = quant.get("quant_algo")
+        self.smoothquant = str(self.quant_algo or "").startswith("W8A8_SQ_")
+        self.per_token = "PER_TOKEN" in str(self.quant_algo or "")
+        self.kv_int8 = quant.get("kv_cache_quant_algo") == "INT8"
         self.w = {k: v.to(device) for k, v in weights.items()}
         self.heads = config["num_attention_heads"]
         self.kv_heads = config.get("num_key_value_heads") or self.heads
@@ -162,6 +166,8 @@ class ReferenceModel:
     def _dequantize(self, name: str) -> torch.Tensor:
         """A weight as float32, INT8-rounded where the engine quantizes it."""
         w = self.w[name]
+        if w.dtype == torch.int8 and self.smoothquant:
+            return w.float()  # exact integers; the scales are applied around the GEMM
         if w.dtype == torch.int8:
             raise InputError(
                 f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"
@@ -175,8 +181,37 @@ class ReferenceModel:
         return x if self.dtype == torch.float32 else x.to(self.dtype).float()
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if self.smoothquant and self.w[name + ".weight"].dtype == torch.int8:
+            return self._sq_linear(x, name)
         y = x @ self._dense[name + ".weight"].T
         bias = self._dense.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
+
+    def _sq_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The SmoothQuant plugin GEMM: int8 activations (per token, or one static scale) times
+        int8 weights, int32 accumulation, then per-channel and activation scales."""
+        layer, sep, linear = name.rpartition(".attention.")
+        if not sep:
+            layer, sep, linear = name.rpartition(".mlp.")
+        d = self._dense
+        if linear in ("dense", "proj"):  # the smoother is divided out of the activation
+            x = self._round(x / self._round(d[f"{name}.smoother"]))
+            block = "attention" if linear == "dense" else "mlp"
+            static = d.get(f"{layer}.{block}.quantization_scaling_factor")
+        else:
+            norm = "input_layernorm" if linear == "qkv" else "post_layernorm"
+            static = d.get(f"{layer}.{norm}.scale_to_int")
+        if self.per_token:
+            m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-6)
+            q = torch.round(x * (127.0 / m)).clamp(-128, 127)
+            row_scale = m / 127.0
+        else:
+            assert static is not None
+            q = torch.round(x * static).clamp(-128, 127)
+            row_scale = d[f"{name}.act_scale"].reshape(())
+        acc = q @ d[f"{name}.weight"].T  # integers, exact in float32 below 2^24
+        y = acc * d[f"{name}.per_channel_scale"].reshape(-1) * row_scale
+        bias = d.get(name + ".bias")
         return self._round(y if bias is None else y + bias)
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -209,18 +244,28 @@ class ReferenceModel:
             q, k = self._norm(q, f"{p}.q_layernorm"), self._norm(k, f"{p}.k_layernorm")
         if not self.learned_positions:
             q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        # The INT8 KV cache holds round(k / s) and reads back int8 * s; the tokens of this step
+        # attend to their own K/V unquantized, as the engine does.
+        stored_k, stored_v = self._kv_store(i, k), self._kv_store(i, v)
         if len(cache.keys) > i:
-            k = torch.cat((cache.keys[i], k), dim=2)
-            v = torch.cat((cache.values[i], v), dim=2)
-            cache.keys[i], cache.values[i] = k, v
+            past_k, past_v = cache.keys[i], cache.values[i]
+            cache.keys[i] = torch.cat((past_k, stored_k), dim=2)
+            cache.values[i] = torch.cat((past_v, stored_v), dim=2)
+            k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
         else:
-            cache.keys.append(k)
-            cache.values.append(v)
+            cache.keys.append(stored_k)
+            cache.values.append(stored_v)
         attn = F.scaled_dot_product_attention(
             q, k, v, attn_mask=self._mask(cache, t, k.shape[2]), enable_gqa=True
         )
         attn = self._round(attn.transpose(1, 2).reshape(b, t, q_dim))
         return self._linear(attn, f"{p}.dense")
+
+    def _kv_store(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if not self.kv_int8:
+            return x
+        scale = self._dense[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"].reshape(())
+        return self._round(torch.round(x / scale).clamp(-128, 127) * scale)
 
     def _mask(self, cache: KVCache, t: int, total: int) -> torch.Tensor:
         """[batch, 1, t, total]: causal, left padding hidden (a padding query sees itself, so

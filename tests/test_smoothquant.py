@@ -1,0 +1,152 @@
+"""SmoothQuant W8A8 and the INT8 KV cache: the checkpoint in TensorRT-LLM's plugin format, its
+arithmetic, the reference runtime's plugin GEMM, and the calibration reused across recipes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tiny_models import make_tiny
+from trt_builder.calibrate import calibrate, load_stats
+from trt_builder.errors import ConversionError
+from trt_builder.quant import SmoothQuant
+from trt_builder.runtime.reference import ReferenceModel
+from trt_builder.smoothquant import convert_smoothquant
+from trt_builder.spec import CalibrationOptions
+
+pytestmark = pytest.mark.integration
+IDS = torch.tensor([5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21])
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("calibration")
+    calibrate(tiny_llama, out, CalibrationOptions(samples=8, seq_len=64))
+    return out
+
+
+def _convert(hf: Path, calibration: Path, tmp: Path, mode: SmoothQuant) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    convert_smoothquant(hf, tmp, mode, calibration)
+    return tmp
+
+
+def test_per_token_checkpoint_layout_and_arithmetic(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    ck = _convert(tiny_llama, calibrated, tmp_path, SmoothQuant(alpha=0.5))
+    w = load_file(ck / "rank0.safetensors")
+    p = "transformer.layers.0."
+    assert w[p + "attention.qkv.weight"].dtype == torch.int8
+    assert w[p + "attention.qkv.per_channel_scale"].shape == (
+        1,
+        w[p + "attention.qkv.weight"].shape[0],
+    )
+    assert w[p + "attention.dense.smoother"].shape == (1, 64) and w[
+        p + "mlp.proj.smoother"
+    ].shape == (1, 128)
+    assert float(w[p + "input_layernorm.scale_to_int"]) == 1.0  # per token: unused
+    assert not any(
+        k.endswith(("act_scale", "quantization_scaling_factor", "kv_cache_scaling_factor"))
+        for k in w
+    )
+    assert w["lm_head.weight"].dtype == torch.float16  # lm_head stays in the model dtype
+
+    hf = load_file(tiny_llama / "model.safetensors")
+    stats = load_stats(calibrated)
+    ax = stats["model.layers.0.self_attn.q_proj.input_absmax"]
+    W = torch.cat([hf[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"]).float()
+    s = (ax.clamp(min=1e-5).sqrt() / W.abs().amax(dim=0).clamp(min=1e-5).sqrt()).clamp(min=1e-5)
+    smoothed = W * s  # alpha 0.5: s = sqrt(ax) / sqrt(max|W|)
+    step = w[p + "attention.qkv.per_channel_scale"].reshape(-1, 1)  # aw / 127 per row
+    dequant = w[p + "attention.qkv.weight"].float() * step
+    assert bool(((dequant - smoothed).abs() <= step / 2 + 1e-6).all())  # round to nearest
+    gamma = hf["model.layers.0.input_layernorm.weight"].float()
+    torch.testing.assert_close(w[p + "input_layernorm.weight"].float(), (gamma / s).half().float())
+
+
+def test_the_runtime_gemm_is_the_plugin_arithmetic(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    ck = _convert(tiny_llama, calibrated, tmp_path, SmoothQuant(alpha=0.5, dtype="float16"))
+    model = ReferenceModel.load(ck)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1)).half().float()
+    w = load_file(ck / "rank0.safetensors")
+    p = "transformer.layers.1.attention.qkv"
+    m = x.abs().amax(dim=-1, keepdim=True)  # per token: int8 = round(x * 127 / max|x|)
+    q = torch.round(x * 127 / m).clamp(-128, 127)
+    expected = (q @ w[p + ".weight"].float().T) * w[p + ".per_channel_scale"] * (m / 127)
+    torch.testing.assert_close(model._sq_linear(x, p), expected.half().float())
+
+
+@pytest.mark.parametrize(
+    ("mode", "floor"),
+    [(SmoothQuant(alpha=0.5), 0.75), (SmoothQuant(alpha=0.5, per_token=False), 0.5)],
+    ids=["per-token", "per-tensor"],
+)
+def test_the_runtime_follows_transformers(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path, mode: SmoothQuant, floor: float
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = ReferenceModel.load(_convert(tiny_llama, calibrated, tmp_path, mode))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(IDS[None]).logits[0]
+    got = model.forward(IDS)
+    assert torch.isfinite(got).all()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= floor  # a random tiny model
+
+
+def test_static_scales_and_the_int8_kv_cache(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    mode = SmoothQuant(alpha=0.5, per_token=False, kv_int8=True)
+    ck = _convert(tiny_llama, calibrated, tmp_path / "static", mode)
+    w = load_file(ck / "rank0.safetensors")
+    p = "transformer.layers.0."
+    for name in ("attention.qkv.act_scale", "attention.quantization_scaling_factor",
+                 "mlp.quantization_scaling_factor", "attention.kv_cache_scaling_factor"):  # fmt: skip
+        assert w[p + name].dtype == torch.float32 and float(w[p + name].reshape(-1)[0]) > 0
+    stats = load_stats(calibrated)
+    kv = max(float(stats[f"model.layers.0.self_attn.{x}_proj.output_absmax"]) for x in "qkv")
+    assert float(w[p + "attention.kv_cache_scaling_factor"]) == pytest.approx(kv / 127)
+
+    with_kv = ReferenceModel.load(ck)
+    plain = ReferenceModel.load(_convert(tiny_llama, calibrated, tmp_path / "nokv",
+                                         SmoothQuant(alpha=0.5, per_token=False)))  # fmt: skip
+    # the prompt itself attends to unquantized K/V, as in the engine: same context logits
+    torch.testing.assert_close(with_kv.forward(IDS), plain.forward(IDS))
+    assert with_kv.greedy(IDS.tolist(), 6, set()) != [] and with_kv.kv_int8
+
+
+def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_dir: Path) -> None:
+    with pytest.raises(ConversionError, match="written for tp=1, pp=1 so far"):
+        convert_smoothquant(tiny_llama, tmp_path, SmoothQuant(), calibrated, tp=2)
+    make_tiny("gpt2", tmp_path / "gpt2", tokenizer_dir)
+    with pytest.raises(
+        ConversionError, match="not supported for GPT2LMHeadModel yet: use --dtype int8-wo"
+    ):
+        convert_smoothquant(tmp_path / "gpt2", tmp_path / "out", SmoothQuant(), calibrated)
+
+
+def test_changing_the_recipe_reuses_the_calibration(tiny_llama: Path, tmp_path: Path) -> None:
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+
+    def build(**kw: object) -> dict[str, str]:
+        spec = make_spec(model=str(tiny_llama), dtype="int8", out=tmp_path / "e", triton_root=tmp_path / "t",
+                         **{"calibrate.samples": 8, "calibrate.seq_len": 64}, **kw)  # fmt: skip
+        return {r.name: r.status for r in run(spec, only=("fetch", "calibrate", "convert")).records}
+
+    assert build(**{"int8.alpha": 0.5}) == {"fetch": "ran", "calibrate": "ran", "convert": "ran"}
+    assert build(**{"int8.alpha": 0.6}) == {
+        "fetch": "cached",
+        "calibrate": "cached",
+        "convert": "ran",
+    }
+    assert build(**{"int8.alpha": 0.6, "int8.granularity": "per-tensor"})["calibrate"] == "cached"
+    assert build(**{"int8.alpha": 0.6, "kv_cache": "int8"})["calibrate"] == "cached"
