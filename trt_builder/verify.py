@@ -354,6 +354,11 @@ def verify_checkpoint(
     else:
         raise InputError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     teacher_forced = getattr(candidate, "teacher_forced", True)
+    if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "INT8":
+        notes.append(
+            "the INT8 KV cache's error shows in generation (greedy agreement), not in teacher-"
+            "forced figures: a prompt attends to its own K/V unquantized (docs/quantization.md)"
+        )
     stop = end_ids(reference_dir, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop, default=0)
     if candidate_tokenizer is not None:
