@@ -59,7 +59,6 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _layer_tensors(
-    i: int,
     floats: dict[str, torch.Tensor],
     stats: dict[str, torch.Tensor],
     sources: dict[str, tuple[str, ...]],
@@ -173,12 +172,12 @@ def convert_smoothquant(
             "(trt-builder calibrate --force)"
         )
 
-    def layer(i: int, device: str, read: Any) -> dict[str, torch.Tensor]:
+    def layer(i: int, read: Any) -> dict[str, torch.Tensor]:
         group = layers[i]
         floats = {r.name.split(".", 3)[3]: read(r) for r in group}
         sources = {r.name.split(".", 3)[3]: r.sources for r in group}
         return {f"transformer.layers.{i}.{k}": v for k, v in
-                _layer_tensors(i, floats, stats, sources, mode, dtype).items()}  # fmt: skip
+                _layer_tensors(floats, stats, sources, mode, dtype).items()}  # fmt: skip
 
     def meta(rule: TensorRule) -> torch.Tensor:
         return torch.empty(rule.shape, device="meta")
@@ -196,7 +195,7 @@ def convert_smoothquant(
     for rule in others[:1]:  # the embedding first, as in the float layout
         plan[rule.name] = (dtype, rule.shape)
     for i in sorted(layers):
-        for name, t in layer(i, "meta", meta).items():
+        for name, t in layer(i, meta).items():
             plan[name] = (t.dtype, tuple(t.shape))
     for rule in others[1:]:
         plan[rule.name] = (dtype, rule.shape)
@@ -209,7 +208,7 @@ def convert_smoothquant(
         for rule in others[:1]:
             writer.write(rule.name, _load(rule, index), check_cache[rule.name])
         for i in sorted(layers):
-            for name, tensor in layer(i, "cpu", real).items():
+            for name, tensor in layer(i, real).items():
                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                     raise ConversionError(
                         f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
@@ -230,8 +229,3 @@ def convert_smoothquant(
         "tensors": len(plan),
         "notes": notes,
     }
-
-
-def reference_stats(stats_dir: Path) -> dict[str, torch.Tensor]:
-    """The calibration statistics (for tests and the recipe search)."""
-    return load_stats(stats_dir)
