@@ -38,7 +38,7 @@ def main() -> None:
     from trt_builder.runtime.reference import KVCache, ReferenceModel
     from trt_builder.smoothquant import convert_smoothquant
     from trt_builder.spec import CalibrationOptions
-    from trt_builder.verify import heldout_windows
+    from trt_builder.verify import corpus_windows
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-int8-"))
     if args.hf is None:
@@ -48,7 +48,7 @@ def main() -> None:
         args.hf = Path(run(make_spec(out=work / "engines"), only=("fetch",)).layout.hf)
     hf: Path = args.hf
     tokenizer = AutoTokenizer.from_pretrained(hf)
-    ids = torch.tensor(heldout_windows(tokenizer, args.tokens))
+    ids = torch.tensor(corpus_windows(tokenizer, args.tokens))
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     with torch.inference_mode():
         ref = torch.cat([model(ids[i : i + 8]).logits.float() for i in range(0, len(ids), 8)])

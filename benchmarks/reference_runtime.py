@@ -84,7 +84,7 @@ def main() -> None:
     from trt_builder.convert import convert_checkpoint
     from trt_builder.quant import FloatMode
     from trt_builder.runtime.reference import ReferenceModel
-    from trt_builder.verify import heldout_windows
+    from trt_builder.verify import corpus_windows
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-rt-"))
     if args.synthetic:
@@ -94,7 +94,7 @@ def main() -> None:
         hf = args.hf or fetch_default(work)
         tokenizer = AutoTokenizer.from_pretrained(hf)
         ids = torch.tensor(
-            heldout_windows(tokenizer, args.batch * args.tokens, args.tokens)[: args.batch]
+            corpus_windows(tokenizer, args.batch * args.tokens, args.tokens)[: args.batch]
         )
     if ids.shape != (args.batch, args.tokens):
         sys.exit(f"the held-out text gives only {ids.shape} tokens")

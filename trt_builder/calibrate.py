@@ -28,15 +28,16 @@ from .spec import BUNDLED, CalibrationOptions
 _DECODER_LAYER = re.compile(r"\.(layers|h)\.\d+\.")
 
 
+def bundled_texts(split: str) -> list[str]:
+    """The documents of one split of the bundled corpus: calibration, search or heldout."""
+    path = resources.files("trt_builder").joinpath(f"data/corpus/{split}.jsonl")
+    return _jsonl(path.read_text("utf-8"), f"the bundled {split} set")
+
+
 def load_texts(dataset: str) -> tuple[list[str], str]:
     """(documents, a digest of them) of a calibration set."""
     if dataset == BUNDLED:
-        raw = (
-            resources.files("trt_builder")
-            .joinpath("data/corpus/calibration.jsonl")
-            .read_text("utf-8")
-        )
-        texts = _jsonl(raw, "the bundled calibration set")
+        texts = bundled_texts("calibration")
     elif dataset.startswith("hf:"):
         texts = _hf_dataset(dataset.removeprefix("hf:"))
     else:
@@ -175,20 +176,12 @@ def collect(model: torch.nn.Module, ids: torch.Tensor, batch_size: int) -> dict[
 
 
 def _load_model(hf_dir: Path, device: str, offload: Path) -> Any:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from .verify import load_reference
 
-    config = AutoConfig.from_pretrained(hf_dir)
-    cls = (
-        AutoModelForCausalLM
-        if type(config) in AutoModelForCausalLM._model_mapping
-        else AutoModelForImageTextToText
-    )
     if device == "cuda":  # every GPU, spilling to CPU memory and then to disk (accelerate)
         offload.mkdir(parents=True, exist_ok=True)
-        return cls.from_pretrained(
-            hf_dir, dtype="auto", device_map="auto", offload_folder=str(offload)
-        )
-    return cls.from_pretrained(hf_dir, dtype=torch.float32)
+        return load_reference(hf_dir, dtype="auto", device_map="auto", offload_folder=str(offload))
+    return load_reference(hf_dir)
 
 
 def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[str, Any]:

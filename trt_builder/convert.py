@@ -220,15 +220,24 @@ def convert_checkpoint(
             for rank, plan in enumerate(plans)
         ]
         _stream(rules, index, writers, mapping, dtype)
+    return finish(out_dir, config, family, tensors=len(rules), notes=notes)
+
+
+def finish(
+    out_dir: Path, config: dict[str, Any], family: Family, *, tensors: int, notes: list[str]
+) -> dict[str, Any]:
+    """Write the checkpoint's config.json (after its rank files) and return the summary."""
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    quant, mapping = config["quantization"], config["mapping"]
     return {
         "architecture": config["architecture"],
         "family": family.name,
         "dtype": config["dtype"],
-        "quant_algo": mode.quant_algo,
-        "tp": tp,
-        "pp": pp,
-        "tensors": len(rules),
+        "quant_algo": quant["quant_algo"],
+        "kv_cache_quant_algo": quant["kv_cache_quant_algo"],
+        "tp": mapping["tp_size"],
+        "pp": mapping["pp_size"],
+        "tensors": tensors,
         "rotary_base": config.get("rotary_base"),
         "rotary_scaling": config.get("rotary_scaling"),
         "notes": notes,

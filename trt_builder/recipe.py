@@ -9,12 +9,10 @@ higher top-1 agreement). Every candidate's figures are kept, for the manifest an
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +24,20 @@ from .quant import SmoothQuant
 ALPHAS = (0.4, 0.5, 0.6, 0.7, 0.8)
 
 
-def search_windows(tokenizer: Any, tokens: int, window: int = 256) -> list[list[int]]:
-    rows = resources.files("trt_builder").joinpath("data/corpus/search.jsonl").read_text("utf-8")
-    text = "\n\n".join(json.loads(line)["text"] for line in rows.splitlines() if line.strip())
-    ids = tokenizer(text).input_ids[:tokens]
-    return [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
-
-
 def _score(
     logits: list[torch.Tensor], ids: torch.Tensor, ref: list[torch.Tensor]
 ) -> dict[str, float]:
-    nll_c, nll_r, hits, count = 0.0, 0.0, 0.0, 0
-    for row, (cand, base) in enumerate(zip(logits, ref, strict=True)):
-        target = ids[row, 1:]
-        nll_c += float(
-            torch.nn.functional.cross_entropy(cand[:-1].double(), target, reduction="sum")
-        )
-        nll_r += float(
-            torch.nn.functional.cross_entropy(base[:-1].double(), target, reduction="sum")
-        )
-        hits += float((cand.argmax(-1) == base.argmax(-1)).sum())
-        count += target.numel()
+    from .verify import _nll
+
+    nll_c = sum(float(_nll(c, i).sum()) for c, i in zip(logits, ids, strict=True))
+    nll_r = sum(float(_nll(r, i).sum()) for r, i in zip(ref, ids, strict=True))
+    hits = sum(
+        float((c.argmax(-1) == r.argmax(-1)).sum()) for c, r in zip(logits, ref, strict=True)
+    )
+    predicted = ids[:, 1:].numel()
     return {
-        "ppl_delta_pct": 100.0 * (math.exp((nll_c - nll_r) / count) - 1.0),
-        "top1": hits / (count + len(logits)),
+        "ppl_delta_pct": 100.0 * (math.exp((nll_c - nll_r) / predicted) - 1.0),
+        "top1": hits / ids.numel(),
     }
 
 
@@ -63,15 +51,16 @@ def search_alpha(
     tokens: int = 2048,
 ) -> tuple[float, dict[str, Any]]:
     """(the chosen alpha, the search record: every candidate's figures)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .runtime.reference import ReferenceModel
     from .smoothquant import convert_smoothquant
+    from .verify import corpus_windows, load_reference
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    ids = torch.tensor(search_windows(tokenizer, tokens))
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ids = torch.tensor(corpus_windows(tokenizer, tokens, split="search"))
+    model = load_reference(hf_dir).eval()
     with torch.inference_mode():
         ref = [model(ids[i : i + 8]).logits.float() for i in range(0, ids.shape[0], 8)]
     reference = [row for batch in ref for row in batch]

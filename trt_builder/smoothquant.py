@@ -17,7 +17,6 @@ TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the 
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,17 @@ from typing import Any
 import torch
 
 from .calibrate import load_stats
-from .convert import _TORCH_DTYPES, _checker, _load, plan_conversion
+from .convert import _TORCH_DTYPES, _checker, _load, finish, plan_conversion
 from .errors import ConversionError
 from .models import TensorRule
 from .quant import FloatMode, SmoothQuant
 from .safetensors_io import StreamingWriter
 
-#: TensorRT-LLM name suffix -> (the norm or smoother in front of it, the HF module whose input
-#: statistics it reads, the GEMMs that share that input).
-GEMMS = {
-    "attention.qkv.weight": ("input_layernorm", "attention"),
-    "attention.dense.weight": ("smoother", "attention"),
-    "mlp.fc.weight": ("post_layernorm", "mlp"),
-    "mlp.gate.weight": ("post_layernorm", "mlp"),
-    "mlp.proj.weight": ("smoother", "mlp"),
-}
+#: The INT8 GEMMs of a layer; dense and proj keep their smoother (the others fold it into the
+#: norm in front of them).
+GEMMS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
+         "mlp.proj.weight")  # fmt: skip
+KEEPS_SMOOTHER = ("attention.dense.weight", "mlp.proj.weight")
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 F32 = torch.float32
 
@@ -112,7 +107,7 @@ def _layer_tensors(
                 pcs = (127.0 / y) / (static_in[name] * 127.0 / aw)
                 out[f"{base}.per_channel_scale"] = pcs.reshape(1, -1).to(F32)
                 out[f"{base}.act_scale"] = (y / 127.0).reshape(1, 1).to(F32)
-            if GEMMS[name][0] == "smoother":
+            if name in KEEPS_SMOOTHER:
                 out[f"{base}.smoother"] = s.reshape(1, -1).to(F32)
                 if not mode.per_token:
                     block = name.split(".")[0]  # attention / mlp
@@ -216,16 +211,4 @@ def convert_smoothquant(
                 writer.write(name, tensor)
         for rule in others[1:]:
             writer.write(rule.name, _load(rule, index), check_cache[rule.name])
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return {
-        "architecture": config["architecture"],
-        "family": family.name,
-        "dtype": config["dtype"],
-        "quant_algo": mode.quant_algo,
-        "kv_cache_quant_algo": config["quantization"]["kv_cache_quant_algo"],
-        "alpha": mode.alpha,
-        "tp": tp,
-        "pp": pp,
-        "tensors": len(plan),
-        "notes": notes,
-    }
+    return {**finish(out_dir, config, family, tensors=len(plan), notes=notes), "alpha": mode.alpha}

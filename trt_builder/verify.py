@@ -6,7 +6,6 @@ import json
 import math
 import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +193,14 @@ def compare(
     }
 
 
-def heldout_windows(tokenizer: Any, tokens: int, window: int = 256) -> list[list[int]]:
-    """The bundled held-out text (never used for calibration or the INT8 search), tokenized
-    and cut into windows; `tokens` in all, at most."""
-    rows = resources.files("trt_builder").joinpath("data/corpus/heldout.jsonl").read_text("utf-8")
-    text = "\n\n".join(json.loads(line)["text"] for line in rows.splitlines() if line.strip())
-    ids = tokenizer(text).input_ids[:tokens]
+def corpus_windows(
+    tokenizer: Any, tokens: int, window: int = 256, split: str = "heldout"
+) -> list[list[int]]:
+    """A split of the bundled corpus (by default the held-out text, never used for calibration
+    or the INT8 search), tokenized and cut into windows; `tokens` in all, at most."""
+    from .calibrate import bundled_texts
+
+    ids = tokenizer("\n\n".join(bundled_texts(split))).input_ids[:tokens]
     return [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
 
 
@@ -253,15 +254,18 @@ def hf_greedy(
     return out[0, len(ids) :].tolist()
 
 
-def load_reference(hf_dir: Path) -> Any:
-    """The transformers model, float32: a causal LM, or a vision-language model whose language
-    model was converted (its text path is what is compared)."""
+def load_reference(hf_dir: Path, **kwargs: Any) -> Any:
+    """The transformers model (float32 unless `kwargs` say otherwise): a causal LM, or a
+    vision-language model whose language model was converted (its text path is what runs)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(hf_dir)
-    if type(config) in AutoModelForCausalLM._model_mapping:
-        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    return AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32)
+    cls = (
+        AutoModelForCausalLM
+        if type(config) in AutoModelForCausalLM._model_mapping
+        else AutoModelForImageTextToText
+    )
+    return cls.from_pretrained(hf_dir, **{"dtype": torch.float32, **kwargs})
 
 
 def _load_tokenizer(directory: Path, what: str) -> Any:
@@ -376,7 +380,7 @@ def verify_checkpoint(
         candidate_tokenizer=candidate_tokenizer,
         pad_id=pad_id,
     )
-    windows = heldout_windows(tokenizer, heldout_tokens) if teacher_forced else []
+    windows = corpus_windows(tokenizer, heldout_tokens) if teacher_forced else []
     ppl = perplexity(reference, candidate, windows, device=device)
     failures = []
     if teacher_forced and not math.isfinite(metrics["kl_mean"]):
