@@ -201,6 +201,26 @@ def test_html_of_a_passing_report_without_layers(tmp_path: Path) -> None:
     assert "Plot skipped: the report has no by_layer data." in page
     assert "Plot skipped: the report has no by_position data." in page
     assert "<script" not in page.lower()
+    assert "INT8 recipe" not in page  # no search ran
+
+
+def test_html_shows_the_int8_recipe(tmp_path: Path) -> None:
+    report = passing_report()
+    report["recipe"] = {
+        "method": "global alphas <and> per layer",
+        "tokens": 2048,
+        "chosen_alpha": "per layer",
+        "candidates": [
+            {"alpha": 0.7, "ppl_delta_pct": 0.734, "top1": 0.9443},
+            {"alpha": "per layer", "ppl_delta_pct": 0.107, "top1": 0.9468},
+        ],
+    }
+    write_html(report, tmp_path / "verify.html")
+    page = (tmp_path / "verify.html").read_text(encoding="utf-8")
+    section = page[page.index("<h2>INT8 recipe</h2>") :].split("<h2>")[1]
+    assert "global alphas &lt;and&gt; per layer" in section and "2048 search-split" in section
+    assert "<td>0.7</td><td>+0.73%</td><td>0.9443</td><td></td>" in section
+    assert "<td>per layer</td><td>+0.11%</td><td>0.9468</td><td>chosen</td>" in section
 
 
 def test_write_reports_leaves_only_the_two_files(tmp_path: Path) -> None:

@@ -13,7 +13,12 @@ def test_defaults_and_variant() -> None:
     spec = make_spec()
     assert spec.model is None and spec.dtype == "float16" and spec.tp == 1
     assert spec.variant == "float16-tp1-pp1"
-    assert spec.to_json()["mode"] == {"mode": "float", "version": 1, "dtype": "float16"}
+    assert spec.to_json()["mode"] == {
+        "mode": "float",
+        "version": 1,
+        "dtype": "float16",
+        "kv_int8": False,
+    }
 
 
 def test_toml_then_flags_override(tmp_path: Path) -> None:
@@ -80,8 +85,11 @@ def test_modes_dispatch_by_dtype() -> None:
     assert static.variant == "int8-sq-static-kv8-tp1-pp1"
     assert static.mode.quant_algo == "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN"
     assert make_spec(**{"dtype": "int8", "int8.alpha": "0.7"}).int8.alpha == 0.7  # a CLI string
-    with pytest.raises(SpecError, match="--kv-cache int8 goes with --dtype int8"):
-        BuildSpec(dtype="float16", kv_cache="int8")
+    # the INT8 KV cache goes with every dtype, and calibrates
+    assert BuildSpec(dtype="int8-wo", kv_cache="int8").variant == "int8-wo-kv8-tp1-pp1"
+    assert BuildSpec(dtype="float16", kv_cache="int8").mode == FloatMode("float16", kv_int8=True)
+    assert BuildSpec(dtype="bfloat16", kv_cache="int8").mode.needs_calibration
+    assert not BuildSpec(dtype="int8-wo").mode.needs_calibration
     with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):
         Int8Options(alpha="high")
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):

@@ -1,8 +1,9 @@
 """Calibration: activation statistics of the transformers model over a calibration set.
 
 For every linear layer of the decoder: the absolute maximum of its input per input channel (what
-SmoothQuant's smoother and static activation scales need) and of its output (the INT8 KV cache
-takes the k_proj / v_proj ones). The statistics are an artifact of their own
+SmoothQuant's smoother and static activation scales need) and of its output per output channel
+(static output scales take their maximum; the INT8 KV cache balances K and V channels with the
+q/k/v_proj ones, docs/quantization.md). The statistics are an artifact of their own
 (`calibration.safetensors` + `calibration.json`), keyed by the model, the calibration set and
 the sampling knobs only: changing alpha, granularity or the KV-cache choice reuses them.
 """
@@ -119,7 +120,7 @@ def make_samples(tokenizer: Any, texts: list[str], options: CalibrationOptions) 
 
 
 class _Recorder:
-    """Forward hooks on the decoder's linear layers: running absmax of inputs per channel and of
+    """Forward hooks on the decoder's linear layers: running absmax per channel of inputs and of
     outputs."""
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -141,9 +142,9 @@ class _Recorder:
     def _hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
             # kept where the layer runs (no synchronisation per call); moved to the CPU once
-            x = args[0].detach()
+            x, y = args[0].detach(), output.detach()
             ax = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
-            ay = output.detach().abs().amax().float().reshape(1)
+            ay = y.abs().reshape(-1, y.shape[-1]).amax(dim=0).float()
             if name in self.inputs:
                 torch.maximum(self.inputs[name], ax, out=self.inputs[name])
                 torch.maximum(self.outputs[name], ay, out=self.outputs[name])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,18 @@ def _checker(rule: TensorRule, dtype: torch.dtype) -> Check:
     return check
 
 
+#: How a rule's source tensors are rewritten before they are split and cast (the INT8 KV
+#: cache's balancing, trt_builder/kvcache.py), by TensorRT-LLM name.
+Rewrite = dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]]
+
+
 def _stream(
     rules: list[TensorRule],
     index: SafetensorsIndex,
     writers: list[StreamingWriter],
     mapping: Mapping,
     dtype: torch.dtype,
+    rewrite: Rewrite | None = None,
 ) -> None:
     """Write every tensor; the kernel reads the next one ahead while this one is cast.
 
@@ -177,7 +184,7 @@ def _stream(
         for i, rule in enumerate(rules):
             if i + 1 < len(rules):
                 index.prefetch(rules[i + 1].sources)
-            _write_one(rule, index, writers, mapping, dtype)
+            _write_one(rule, index, writers, mapping, dtype, (rewrite or {}).get(rule.name))
     finally:
         torch.set_num_threads(threads)
 
@@ -188,29 +195,48 @@ def _write_one(
     writers: list[StreamingWriter],
     mapping: Mapping,
     dtype: torch.dtype,
+    rewrite: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
 ) -> None:
     """Map, split, cast, check and write one tensor, a block at a time. Its own function so
     that every view of the input mapping is gone when it returns."""
     # W8A16 linears too are written in the model dtype, [out, in]: trtllm-build quantizes
     # them at load into the GPU-specific layout its weight-only GEMM needs (docs/design.md).
     check = _checker(rule, dtype)
-    for rank, name, pieces in shard(rule.name, _load(rule, index), mapping):
+    parts = _load(rule, index)
+    if rewrite is not None:
+        parts = rewrite(parts)
+    for rank, name, pieces in shard(rule.name, parts, mapping):
         writers[rank].write(name, pieces, check)
 
 
 def convert_checkpoint(
-    hf_dir: Path, out_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
+    hf_dir: Path,
+    out_dir: Path,
+    mode: QuantMode,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    calibration: Path | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary."""
+    """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary. The
+    INT8 KV cache (`mode.kv_int8`) takes its scales from the statistics in `calibration`."""
     family, config, rules, index, notes = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
     mapping = Mapping.from_config(config)
     dtype = _TORCH_DTYPES[config["dtype"]]
+    rewrite: Rewrite = {}
+    extras: dict[str, torch.Tensor] = {}
+    if getattr(mode, "kv_int8", False):
+        with index:  # closed here if the statistics are refused
+            rewrite, extras = _kv_cache(config, rules, calibration)
     plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
     for rule in rules:  # shapes per rank, from the same split code run on meta tensors
         for rank, name, pieces in shard(
             rule.name, [torch.empty(rule.shape, device="meta")], mapping
         ):
             plans[rank][name] = (dtype, (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]))
+    for extra, tensor in extras.items():  # replicated across tensor-parallel ranks
+        for rank, name, _ in shard(extra, [tensor], mapping):
+            plans[rank][name] = (tensor.dtype, tuple(tensor.shape))
     with ExitStack() as stack:
         stack.enter_context(index)
         writers = [
@@ -219,8 +245,58 @@ def convert_checkpoint(
             )
             for rank, plan in enumerate(plans)
         ]
-        _stream(rules, index, writers, mapping, dtype)
-    return finish(out_dir, config, family, tensors=len(rules), notes=notes)
+        _stream(rules, index, writers, mapping, dtype, rewrite)
+        for extra, tensor in extras.items():
+            for rank, name, pieces in shard(extra, [tensor], mapping):
+                writers[rank].write(name, pieces)
+    if extras:
+        config["quantization"]["kv_cache_quant_algo"] = "INT8"
+    return finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
+
+
+def _kv_cache(
+    config: dict[str, Any], rules: list[TensorRule], calibration: Path | None
+) -> tuple[Rewrite, dict[str, torch.Tensor]]:
+    """The INT8 KV cache on a float or weight-only checkpoint: the balancing rewrite of every
+    layer's qkv rows and dense input columns, and each layer's kv_cache_scaling_factor."""
+    from .calibrate import load_stats
+    from .kvcache import balance, qkv_ranges, refuse_unsupported
+
+    refuse_unsupported(config, {r.name for r in rules})
+    v_channels = config["quantization"]["quant_algo"] != "W8A16"  # see kvcache.balance
+    if calibration is None:
+        raise ConversionError("the INT8 KV cache needs a calibration: run trt-builder calibrate")
+    stats = load_stats(calibration)
+    rewrite: Rewrite = {}
+    extras: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        if not rule.name.endswith(".attention.qkv.weight"):
+            continue
+        prefix = rule.name.removesuffix("qkv.weight")
+        kv = balance(qkv_ranges(stats, rule.sources), config, v_channels=v_channels)
+        rewrite[rule.name] = rewrite[prefix + "qkv.bias"] = _scale_rows(kv.qkv_rows)
+        rewrite[prefix + "dense.weight"] = _scale_columns(1.0 / kv.dense_in)
+        extras[prefix + "kv_cache_scaling_factor"] = kv.scale
+    return rewrite, extras
+
+
+def _scale_rows(factors: torch.Tensor) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """Multiply the rows of the concatenated parts (e.g. q, k, v) by `factors`."""
+
+    def apply(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        out, row = [], 0
+        for part in parts:
+            n = part.shape[0]
+            f = factors[row : row + n].reshape(n, *([1] * (part.dim() - 1)))
+            out.append(part.float() * f)
+            row += n
+        return out
+
+    return apply
+
+
+def _scale_columns(factors: torch.Tensor) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    return lambda parts: [part.float() * factors[None, :] for part in parts]
 
 
 def finish(

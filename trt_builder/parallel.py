@@ -30,6 +30,13 @@ TP_KIND: tuple[tuple[str, str], ...] = (
     ("mlp.gate.bias", "column"),
     ("mlp.proj.weight", "row"),
     ("lm_head.weight", "vocab"),
+    # SmoothQuant's [1, n] vectors: scales of column-parallel outputs follow their rows;
+    # smoothers of row-parallel inputs their columns; the rest is replicated
+    ("attention.qkv.per_channel_scale", "qkv_vector"),
+    ("mlp.fc.per_channel_scale", "column_vector"),
+    ("mlp.gate.per_channel_scale", "column_vector"),
+    ("attention.dense.smoother", "row"),
+    ("mlp.proj.smoother", "row"),
 )
 FIRST_STAGE = ("transformer.vocab_embedding.", "transformer.position_embedding.")
 LAST_STAGE = ("transformer.ln_f.", "lm_head.")
@@ -128,6 +135,10 @@ def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
     kind = tp_kind(name)
     if kind == "qkv":
         return [torch.cat(p, dim=0) for p in _split_qkv([t], m)]
+    if kind == "qkv_vector":
+        return [torch.cat(p, dim=0).reshape(1, -1) for p in _split_qkv([t.reshape(-1)], m)]
+    if kind == "column_vector":
+        return list(t.chunk(m.tp, 1))
     if kind == "column":
         return list(t.chunk(m.tp, 0))
     if kind == "row":
@@ -197,6 +208,11 @@ def _merge_tp(name: str, pieces: list[torch.Tensor], m: Mapping) -> torch.Tensor
     kind = tp_kind(name)
     if kind == "column":
         return torch.cat(pieces, 0)
+    if kind == "column_vector":
+        return torch.cat(pieces, 1)
+    if kind == "qkv_vector":
+        return _merge_tp(name.removesuffix("per_channel_scale") + "weight",
+                         [p.reshape(-1) for p in pieces], m).reshape(1, -1)  # fmt: skip
     if kind == "row":
         return torch.cat(pieces, 1)
     if kind == "vocab":

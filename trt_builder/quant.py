@@ -16,14 +16,19 @@ class FloatMode:
     float32 written as float16)."""
 
     dtype: str = "float16"
+    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/kvcache.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in FLOAT_DTYPES:
             raise SpecError(f"dtype {self.dtype!r} is not a float dtype: use one of {FLOAT_DTYPES}")
 
     @property
+    def needs_calibration(self) -> bool:
+        return self.kv_int8
+
+    @property
     def name(self) -> str:
-        return self.dtype
+        return self.dtype + ("-kv8" if self.kv_int8 else "")
 
     @property
     def quant_algo(self) -> str | None:
@@ -41,6 +46,7 @@ class WeightOnlyInt8:
     """
 
     dtype: str = "float16"
+    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/kvcache.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float16", "bfloat16"):
@@ -49,8 +55,12 @@ class WeightOnlyInt8:
             )
 
     @property
+    def needs_calibration(self) -> bool:
+        return self.kv_int8
+
+    @property
     def name(self) -> str:
-        return "int8-wo"
+        return "int8-wo" + ("-kv8" if self.kv_int8 else "")
 
     @property
     def quant_algo(self) -> str | None:
@@ -83,7 +93,9 @@ class SmoothQuant:
                 f"SmoothQuant needs float16 or bfloat16 activations, not {self.dtype!r}"
             )
 
-    needs_calibration = True
+    @property
+    def needs_calibration(self) -> bool:
+        return True
 
     @property
     def name(self) -> str:
@@ -117,15 +129,11 @@ def mode_for(
         raise SpecError(f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)}, not {kv_cache!r}")
     if granularity not in GRANULARITIES:
         raise SpecError(f"int8.granularity must be one of {', '.join(GRANULARITIES)}")
+    kv_int8 = kv_cache == "int8"
     if dtype == "int8":  # calibrated SmoothQuant W8A8, the default INT8 recipe
-        return SmoothQuant(alpha, granularity == "per-token", kv_cache == "int8"), None
-    if kv_cache == "int8":
-        raise SpecError(
-            "--kv-cache int8 goes with --dtype int8 (calibrated SmoothQuant) so far: add --dtype int8, "
-            "or drop --kv-cache"
-        )
+        return SmoothQuant(alpha, granularity == "per-token", kv_int8), None
     if dtype in FLOAT_DTYPES:
-        return FloatMode(dtype), None
+        return FloatMode(dtype, kv_int8), None
     if dtype == "int8-wo":
-        return WeightOnlyInt8(), None
+        return WeightOnlyInt8(kv_int8=kv_int8), None
     raise SpecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")

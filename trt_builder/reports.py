@@ -400,6 +400,25 @@ def _prompt_section(i: int, prompt: dict[str, Any], min_top1: float | None) -> s
     )
 
 
+def _recipe_table(report: dict[str, Any]) -> str:
+    """The INT8 recipe search's candidates and choice (checkpoint/recipe.json), if it ran."""
+    recipe = report.get("recipe")
+    if not recipe:
+        return ""
+    chosen = recipe.get("chosen_alpha")
+    rows = "".join(
+        f"<tr><td>{_e(c.get('alpha'))}</td><td>{_number(c.get('ppl_delta_pct'), '{:+.2f}%')}</td>"
+        f"<td>{_number(c.get('top1'), '{:.4f}')}</td>"
+        f"<td>{'chosen' if c.get('alpha') == chosen else ''}</td></tr>"
+        for c in recipe.get("candidates") or []
+    )
+    return (
+        f"<h2>INT8 recipe</h2><p class='meta'>{_e(recipe.get('method'))}; "
+        f"{_e(recipe.get('tokens'))} search-split tokens.</p><table><tr><th>alpha</th>"
+        f"<th>perplexity increase</th><th>top-1</th><th></th></tr>{rows}</table>"
+    )
+
+
 def html_page(report: dict[str, Any]) -> str:
     """The report as one self-contained HTML page (inline CSS and SVG, no external URLs)."""
     min_top1 = (report.get("gate") or {}).get("min_top1")
@@ -409,7 +428,8 @@ def html_page(report: dict[str, Any]) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>trt-builder verify: {state}</title><style>{_CSS}</style></head><body>\n"
-        f"{_header(report)}\n{_metrics_table(report)}\n{_plots(report)}\n"
+        f"{_header(report)}\n{_metrics_table(report)}\n{_recipe_table(report)}\n"
+        f"{_plots(report)}\n"
         "<h2>Greedy output by prompt</h2>\n<p class='meta'>The first word that differs is "
         f"highlighted.</p>\n{sections or '<p>No prompts.</p>'}\n</body></html>\n"
     )

@@ -10,8 +10,12 @@ From calibration statistics (trt_builder/calibrate.py), per decoder layer:
   output scales (per tensor);
 - static activation scales (`scale_to_int`, `quantization_scaling_factor`, `act_scale`) from the
   input and output ranges;
-- `kv_cache_scaling_factor` = max |q|, |k|, |v| projection output / 127 for the INT8 KV cache.
-Layout and names follow TensorRT-LLM's llama converter (docs/quantization.md). Written by hand:
+- for the INT8 KV cache, K and V channels balanced by an exact rewrite (trt_builder/kvcache.py):
+  factors on the qkv rows go into their `per_channel_scale` (and bias), those on dense's input
+  into its `smoother`; `kv_cache_scaling_factor` = the balanced range / 127.
+Layout and names follow TensorRT-LLM's llama converter (docs/quantization.md); tensor- and
+pipeline-parallel ranks are split as the float layout's, SmoothQuant's [1, n] vectors with the
+rows (qkv, fc, gate scales) or columns (dense, proj smoothers) they belong to. Written by hand:
 TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the native format.
 """
 
@@ -26,7 +30,9 @@ import torch
 from .calibrate import load_stats
 from .convert import _TORCH_DTYPES, _checker, _load, finish, plan_conversion
 from .errors import ConversionError
+from .kvcache import KVBalance, balance, qkv_ranges, refuse_unsupported
 from .models import TensorRule
+from .parallel import Mapping, shard
 from .quant import FloatMode, SmoothQuant
 from .safetensors_io import StreamingWriter
 
@@ -35,8 +41,20 @@ from .safetensors_io import StreamingWriter
 GEMMS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
          "mlp.proj.weight")  # fmt: skip
 KEEPS_SMOOTHER = ("attention.dense.weight", "mlp.proj.weight")
+#: GEMMs that read one input, and so share one smoother, by the first of them.
+GROUPS = {
+    "attention.qkv.weight": ["attention.qkv.weight"],
+    "attention.dense.weight": ["attention.dense.weight"],
+    "mlp.fc.weight": ["mlp.fc.weight", "mlp.gate.weight"],
+    "mlp.proj.weight": ["mlp.proj.weight"],
+}
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 F32 = torch.float32
+
+
+def group_name(lead: str) -> str:
+    """qkv, dense, fc, proj: how a group is named in per-layer alphas."""
+    return lead.split(".")[1]
 
 
 def smoother(ax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
@@ -59,31 +77,32 @@ def _layer_tensors(
     sources: dict[str, tuple[str, ...]],
     mode: SmoothQuant,
     dtype: torch.dtype,
+    kv: KVBalance | None = None,
+    alphas: dict[str, float] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One layer's checkpoint tensors, in writing order, from its float tensors (TensorRT-LLM
-    names without the layer prefix)."""
+    names without the layer prefix); `kv` balances K and V for the INT8 KV cache; `alphas`
+    overrides mode.alpha per GEMM group (qkv, dense, fc, proj)."""
     out: dict[str, torch.Tensor] = {}
+    rows = {"attention.qkv.weight": kv.qkv_rows} if kv is not None else {}
 
     def ax(name: str) -> torch.Tensor:
         module = sources[name][0].removesuffix(".weight")
         return stats[f"{module}.input_absmax"].to(floats[name].device)
 
     def ay(name: str) -> torch.Tensor:
+        if kv is not None and name == "attention.qkv.weight":
+            return kv.qkv_range
         return torch.stack(
-            [stats[f"{s.removesuffix('.weight')}.output_absmax"].reshape(()) for s in sources[name]]
+            [stats[f"{s.removesuffix('.weight')}.output_absmax"].amax() for s in sources[name]]
         ).amax()
 
-    groups = {
-        "attention.qkv.weight": ["attention.qkv.weight"],
-        "attention.dense.weight": ["attention.dense.weight"],
-        "mlp.fc.weight": ["mlp.fc.weight", "mlp.gate.weight"],
-        "mlp.proj.weight": ["mlp.proj.weight"],
-    }
     smoothed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (W', s)
     static_in: dict[str, torch.Tensor] = {}  # name -> scale_to_int of its input
-    for lead, members in groups.items():
+    for lead, members in GROUPS.items():
         weights = [floats[m].float() for m in members]
-        s = smoother(ax(lead), weights, float(mode.alpha or 0.0))
+        alpha = (alphas or {}).get(group_name(lead), mode.alpha)
+        s = smoother(ax(lead), weights, float(alpha or 0.0))
         to_int = 127.0 / (ax(lead).float() / s).amax().clamp(min=1e-8)
         for m, w in zip(members, weights, strict=True):
             smoothed[m] = (w * s[None, :], s)
@@ -98,6 +117,10 @@ def _layer_tensors(
         elif name in smoothed:
             w, s = smoothed[name]
             q, aw = quantize_rows(w)
+            if name in rows:  # exact: the int8 rows stay, their scales take the factor
+                aw = aw * rows[name].to(aw.device)
+            if name == "attention.dense.weight" and kv is not None:
+                s = s * kv.dense_in.to(s.device)  # its input channels come multiplied
             out[name] = q
             base = name.removesuffix(".weight")
             if mode.per_token:
@@ -112,25 +135,49 @@ def _layer_tensors(
                 if not mode.per_token:
                     block = name.split(".")[0]  # attention / mlp
                     out[f"{block}.quantization_scaling_factor"] = static_in[name].reshape(1).to(F32)
+        elif name == "attention.qkv.bias" and kv is not None:
+            out[name] = (tensor.float() * kv.qkv_rows.to(tensor.device)).to(dtype)
         else:  # biases, q/k norms: the model dtype
             out[name] = tensor.to(dtype)
-    if mode.kv_int8:
-        out["attention.kv_cache_scaling_factor"] = (
-            (ay("attention.qkv.weight") / 127.0).reshape(1).to(F32)
-        )
+    if kv is not None:
+        out["attention.kv_cache_scaling_factor"] = kv.scale.to(F32)
     return out
 
 
 def convert_smoothquant(
-    hf_dir: Path, out_dir: Path, mode: SmoothQuant, calibration: Path, *, tp: int = 1, pp: int = 1
+    hf_dir: Path,
+    out_dir: Path,
+    mode: SmoothQuant,
+    calibration: Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    alphas: dict[int, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` with the statistics in `calibration` into a SmoothQuant checkpoint."""
-    if tp != 1 or pp != 1:
-        raise ConversionError(
-            "SmoothQuant checkpoints are written for tp=1, pp=1 so far: build the INT8 engine "
-            "without --tp/--pp, or use --dtype int8-wo for split ranks"
-        )
-    family, config, rules, index, notes = plan_conversion(hf_dir, FloatMode(mode.dtype))
+    """Convert `hf_dir` with the statistics in `calibration` into a SmoothQuant checkpoint;
+    `alphas` (layer -> group -> alpha, from the recipe search) overrides mode.alpha."""
+    family, config, rules, index, notes = plan_conversion(
+        hf_dir, FloatMode(mode.dtype), tp=tp, pp=pp
+    )
+    with ExitStack() as stack:
+        stack.enter_context(index)  # closed on every way out, refusals included
+        tensors = _write(stack, out_dir, mode, calibration, alphas, config, rules, index)
+    # config.json last, once every rank file is complete
+    summary = finish(out_dir, config, family, tensors=tensors, notes=notes)
+    return {**summary, "alpha": "per layer" if alphas else mode.alpha}
+
+
+def _write(
+    stack: ExitStack,
+    out_dir: Path,
+    mode: SmoothQuant,
+    calibration: Path,
+    alphas: dict[int, dict[str, float]] | None,
+    config: dict[str, Any],
+    rules: list[TensorRule],
+    index: Any,
+) -> int:
+    """Check, smooth, quantize and write every rank file; the count of tensors written."""
     if config["architecture"] not in SUPPORTED:
         raise ConversionError(
             f"SmoothQuant is not supported for {config['architecture']} yet: use --dtype int8-wo "
@@ -167,12 +214,19 @@ def convert_smoothquant(
             "(trt-builder calibrate --force)"
         )
 
+    if mode.kv_int8:
+        refuse_unsupported(config, {r.name for r in rules})
+
     def layer(i: int, read: Any) -> dict[str, torch.Tensor]:
         group = layers[i]
         floats = {r.name.split(".", 3)[3]: read(r) for r in group}
         sources = {r.name.split(".", 3)[3]: r.sources for r in group}
+        kv = None
+        if mode.kv_int8:
+            kv = balance(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
         return {f"transformer.layers.{i}.{k}": v for k, v in
-                _layer_tensors(floats, stats, sources, mode, dtype).items()}  # fmt: skip
+                _layer_tensors(floats, stats, sources, mode, dtype, kv,
+                               (alphas or {}).get(i)).items()}  # fmt: skip
 
     def meta(rule: TensorRule) -> torch.Tensor:
         return torch.empty(rule.shape, device="meta")
@@ -186,29 +240,41 @@ def convert_smoothquant(
             )
         return tensor
 
-    plan: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    # every tensor is split into its ranks as the float layout's (trt_builder/parallel.py)
+    mapping = Mapping.from_config(config)
+    plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
+
+    def add(name: str, t: torch.Tensor) -> None:
+        for rank, local, pieces in shard(name, [t], mapping):
+            plans[rank][local] = (t.dtype, (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]))
+
     for rule in others[:1]:  # the embedding first, as in the float layout
-        plan[rule.name] = (dtype, rule.shape)
+        add(rule.name, torch.empty(rule.shape, dtype=dtype, device="meta"))
     for i in sorted(layers):
         for name, t in layer(i, meta).items():
-            plan[name] = (t.dtype, tuple(t.shape))
+            add(name, t)
     for rule in others[1:]:
-        plan[rule.name] = (dtype, rule.shape)
-    check_cache = {r.name: _checker(r, dtype) for r in rules}
-    with ExitStack() as stack:
-        stack.enter_context(index)
-        writer = stack.enter_context(
-            StreamingWriter(out_dir / "rank0.safetensors", plan, {"format": "pt"})
+        add(rule.name, torch.empty(rule.shape, dtype=dtype, device="meta"))
+    writers = [
+        stack.enter_context(
+            StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
         )
-        for rule in others[:1]:
-            writer.write(rule.name, _load(rule, index), check_cache[rule.name])
-        for i in sorted(layers):
-            for name, tensor in layer(i, real).items():
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise ConversionError(
-                        f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
-                    )
-                writer.write(name, tensor)
-        for rule in others[1:]:
-            writer.write(rule.name, _load(rule, index), check_cache[rule.name])
-    return {**finish(out_dir, config, family, tensors=len(plan), notes=notes), "alpha": mode.alpha}
+        for rank, plan in enumerate(plans)
+    ]
+
+    def write(name: str, parts: list[torch.Tensor], check: Any = None) -> None:
+        for rank, local, pieces in shard(name, parts, mapping):
+            writers[rank].write(local, pieces, check)
+
+    for rule in others[:1]:
+        write(rule.name, _load(rule, index), _checker(rule, dtype))
+    for i in sorted(layers):
+        for name, tensor in layer(i, real).items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ConversionError(
+                    f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
+                )
+            write(name, [tensor])
+    for rule in others[1:]:
+        write(rule.name, _load(rule, index), _checker(rule, dtype))
+    return sum(len(p) for p in plans)

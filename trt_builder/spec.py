@@ -167,7 +167,7 @@ class BuildSpec:
     require_engine: bool = False
     verify: VerifyOptions = field(default_factory=VerifyOptions)
     calibrate: CalibrationOptions = field(default_factory=CalibrationOptions)
-    kv_cache: str = "model"  # or "int8" (with --dtype int8)
+    kv_cache: str = "model"  # or "int8": the INT8 KV cache (any dtype; calibrates)
     int8: Int8Options = field(default_factory=lambda: Int8Options())
 
     def __post_init__(self) -> None:

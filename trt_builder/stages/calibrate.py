@@ -17,7 +17,7 @@ class CalibrateStage:
 
     def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
         """Asked for by name, or needed by the mode (SmoothQuant, the INT8 KV cache)."""
-        return explicit or bool(getattr(ctx.spec.mode, "needs_calibration", False))
+        return explicit or ctx.spec.mode.needs_calibration
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.calibration(ctx.spec.calibrate.slug())

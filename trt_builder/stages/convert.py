@@ -18,6 +18,7 @@ class ConvertStage:
         "convert.py",
         "smoothquant.py",
         "recipe.py",
+        "kvcache.py",
         "runtime/reference.py",
         "data/corpus/search.jsonl",
         "calibrate.py",
@@ -37,7 +38,7 @@ class ConvertStage:
             "hf/config.json": hf / "config.json",
             **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))},
         }
-        if getattr(ctx.spec.mode, "needs_calibration", False):
+        if ctx.spec.mode.needs_calibration:
             inputs["calibration"] = self._calibration(ctx) / "calibration.safetensors"
         return inputs
 
@@ -54,14 +55,22 @@ class ConvertStage:
         if isinstance(mode, SmoothQuant):
             from ..smoothquant import convert_smoothquant  # torch: only when it runs
 
-            recipe = None
+            recipe, per_layer = None, None
             if mode.alpha is None:  # the recipe search picks it
-                from ..recipe import search_alpha
+                from ..recipe import search_recipe
 
-                alpha, recipe = search_alpha(ctx.layout.hf, work, mode, self._calibration(ctx))
+                alpha, per_layer, recipe = search_recipe(
+                    ctx.layout.hf, work, mode, self._calibration(ctx)
+                )
                 mode = replace(mode, alpha=alpha)
             summary = convert_smoothquant(
-                ctx.layout.hf, work, mode, self._calibration(ctx), tp=ctx.spec.tp, pp=ctx.spec.pp
+                ctx.layout.hf,
+                work,
+                mode,
+                self._calibration(ctx),
+                tp=ctx.spec.tp,
+                pp=ctx.spec.pp,
+                alphas=per_layer,
             )
             if recipe is not None:
                 write_json(work / "recipe.json", recipe)  # trtllm-build reads only its own files
@@ -69,4 +78,7 @@ class ConvertStage:
             return summary
         from ..convert import convert_checkpoint
 
-        return convert_checkpoint(ctx.layout.hf, work, mode, tp=ctx.spec.tp, pp=ctx.spec.pp)
+        calibration = self._calibration(ctx) if mode.needs_calibration else None
+        return convert_checkpoint(
+            ctx.layout.hf, work, mode, tp=ctx.spec.tp, pp=ctx.spec.pp, calibration=calibration
+        )
