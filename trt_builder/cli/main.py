@@ -247,6 +247,42 @@ def _verify_dirs(
         )
 
 
+@cli.command("plan", epilog=EPILOG_EXIT)
+@options.apply(options.SPEC_OPTIONS, options.OUTPUT_OPTIONS)
+def plan_command(**kwargs: Any) -> None:
+    """Print the memory plan of the engine on the target GPU: weights, KV cache per token,
+    activations, and how many sequences fit (fetches the model's config if needed).
+
+    \b
+    Example:
+      trt-builder plan --model meta-llama/Llama-2-7b-hf --dtype int8 --target-gpu A100-80GB
+    """
+    from ..fetch import read_hf_config
+    from ..memplan import GIB, plan_for, proposed_batch
+
+    as_json = kwargs["as_json"]
+    spec = _spec_from(dict(kwargs))
+    result = run(spec, only=("fetch",))
+    memory = plan_for(spec, read_hf_config(Path(result.layout.hf)))
+    if as_json:
+        data = {"ok": True, **memory.to_json(), "proposed_max_batch_size": proposed_batch(memory)}
+        click.echo(json.dumps(data, indent=2))
+        return
+    lim = memory.limits
+    rows = [
+        ("target", f"{memory.gpu} ({memory.gpu_bytes / GIB:g} GiB), tp={memory.tp} pp={memory.pp}"),
+        ("weights per rank", f"{memory.weight_bytes / GIB:.2f} GiB ({memory.weight_dtype} linears)"),
+        ("activations (estimate)", f"{memory.activation_bytes / GIB:.2f} GiB for {lim.max_num_tokens} tokens"),
+        ("runtime overhead", f"{memory.overhead_bytes / GIB:.2f} GiB"),
+        ("KV cache per token", f"{memory.kv_bytes_per_token / 1024:.1f} KiB ({memory.kv_dtype})"),
+        ("KV cache (0.9 of the rest)", f"{memory.kv_budget_bytes / GIB:.2f} GiB = {memory.kv_tokens} tokens"),
+        (f"sequences of {lim.max_seq_len} tokens at once", str(memory.max_sequences(lim.max_seq_len))),
+        ("proposed --max-batch-size", str(proposed_batch(memory))),
+    ]  # fmt: skip
+    for label, value in rows:
+        click.echo(f"{label:<34} {value}")
+
+
 @cli.command("models")
 def models_command() -> None:
     """List the supported architectures.

@@ -1,0 +1,139 @@
+"""The memory plan (trt_builder/memplan.py, docs/engine.md): worked examples checked by hand,
+refusals that name what would fit, and `trt-builder plan`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trt_builder.errors import SpecError
+from trt_builder.memplan import GIB, Limits, plan, plan_for, proposed_batch
+from trt_builder.spec import make_spec
+
+LLAMA2_7B = {
+    "architecture": "LlamaForCausalLM", "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "vocab_size": 32000, "hidden_act": "silu",
+}  # fmt: skip
+LIMITS = Limits(max_batch_size=8, max_input_len=1024, max_seq_len=4096, max_num_tokens=8192)
+
+
+def test_llama2_7b_float16_on_an_80gb_gpu() -> None:
+    p = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=False,
+             kv_int8=False, limits=LIMITS)  # fmt: skip
+    # 6,738,415,616 parameters (Llama-2-7B's count) x 2 bytes
+    assert p.weight_bytes == 6_738_415_616 * 2
+    # 2 (K, V) x 32 layers x 32 KV heads x 128 x 2 bytes = 0.5 MiB a token
+    assert p.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2 == 512 * 1024
+    # activations: 2 x 8192 tokens x (4*4096 + 3*4096 + 4096 + 2*11008) x 2 B + 8 x 32000 x 4 B logits
+    assert p.activation_bytes == 2 * 8192 * (8 * 4096 + 2 * 11008) * 2 + 8 * 32000 * 4
+    free = 80 * GIB - p.weight_bytes - p.activation_bytes - GIB
+    assert p.kv_budget_bytes == int(free * 0.9)
+    assert p.kv_tokens == p.kv_budget_bytes // (512 * 1024) == 119394
+    assert p.max_sequences(4096) == 119394 // 4096 == 29
+    assert proposed_batch(p) == 16  # a power of two
+
+
+def test_llama2_7b_int8_and_the_int8_kv_cache() -> None:
+    fp16 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=False,
+                kv_int8=False, limits=LIMITS)  # fmt: skip
+    int8 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=True,
+                kv_int8=False, limits=LIMITS)  # fmt: skip
+    kv8 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=True,
+               kv_int8=True, limits=LIMITS)  # fmt: skip
+    linears = 32 * (4096 * 3 * 4096 + 4096 * 4096 + 3 * 4096 * 11008)
+    assert (
+        fp16.weight_bytes - int8.weight_bytes
+        == linears - 32 * (3 * 4096 + 4096 + 3 * 11008 + 4096) * 4
+    )
+    assert int8.weight_bytes / GIB == pytest.approx(6.53, abs=0.01)
+    assert kv8.kv_bytes_per_token * 2 == int8.kv_bytes_per_token
+    assert kv8.max_sequences(4096) == 63 and int8.max_sequences(4096) == 31
+
+
+def test_ranks_split_weights_and_duplicate_too_few_kv_heads() -> None:
+    gqa = {**LLAMA2_7B, "num_key_value_heads": 2}
+    one = plan(
+        gqa,
+        gpu="H100-80GB",
+        tp=1,
+        pp=1,
+        dtype="float16",
+        int8_linears=False,
+        kv_int8=False,
+        limits=LIMITS,
+    )
+    tp4 = plan(
+        gqa,
+        gpu="H100-80GB",
+        tp=4,
+        pp=1,
+        dtype="float16",
+        int8_linears=False,
+        kv_int8=False,
+        limits=LIMITS,
+    )
+    pp2 = plan(
+        gqa,
+        gpu="H100-80GB",
+        tp=1,
+        pp=2,
+        dtype="float16",
+        int8_linears=False,
+        kv_int8=False,
+        limits=LIMITS,
+    )
+    # 2 KV heads over 4 ranks: each rank keeps one whole head, so per-token KV halves, not quarters
+    assert (
+        one.kv_bytes_per_token == 2 * 32 * 2 * 128 * 2
+        and tp4.kv_bytes_per_token == one.kv_bytes_per_token // 2
+    )
+    assert tp4.weight_bytes < one.weight_bytes / 2  # the embedding stays whole on every rank
+    # a pipeline stage holds half the layers, and the larger of embedding and lm_head
+    assert pp2.kv_bytes_per_token == one.kv_bytes_per_token // 2
+    assert one.weight_bytes / 2 < pp2.weight_bytes < one.weight_bytes
+
+
+def test_a_spec_that_cannot_fit_is_refused_with_what_would() -> None:
+    llama2_70b = {**LLAMA2_7B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                  "num_attention_heads": 64, "num_key_value_heads": 8}  # fmt: skip
+    spec = make_spec(dtype="float16", target_gpu="H100-80GB")
+    hf = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+          "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+          "vocab_size": 32000, "hidden_act": "silu", "max_position_embeddings": 4096,
+          "rms_norm_eps": 1e-5}  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=r"does not fit H100-80GB .* use --tp 2 \(.* GiB of weights per rank\) or --dtype int8",
+    ) as info:
+        plan_for(spec, hf)
+    assert "\n" not in str(info.value)
+    fits = plan_for(make_spec(dtype="float16", target_gpu="H100-80GB", tp=2), hf)
+    assert fits.fits and fits.weight_bytes < 70 * GIB
+    # 128.5 GiB of weights fit one H200 (141 GiB), with room for a few sequences only
+    h200 = plan(llama2_70b, gpu="H200", tp=1, pp=1, dtype="float16", int8_linears=False,
+                kv_int8=False, limits=LIMITS)  # fmt: skip
+    assert (
+        h200.weight_bytes / GIB == pytest.approx(128.5, abs=0.1)
+        and 1 <= h200.max_sequences(4096) < 8
+    )
+
+
+def test_plan_command(
+    tiny_llama: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trt_builder.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--model", str(tiny_llama), "--dtype", "int8", "--kv-cache", "int8",
+                 "--target-gpu", "L4", "--json"]) == 0  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpu"] == "L4" and data["weight_dtype"] == "int8" and data["kv_dtype"] == "int8"
+    assert data["kv_tokens"] > 0 and data["proposed_max_batch_size"] == 256
+    assert main(["plan", "--model", str(tiny_llama)]) == 0
+    assert "KV cache per token" in capsys.readouterr().out

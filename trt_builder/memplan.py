@@ -1,0 +1,273 @@
+"""The memory plan: what an engine of this spec needs on the target GPU, per rank, and how many
+sequences its KV cache then holds (docs/engine.md has the arithmetic and a worked example).
+
+Per rank (the largest, when pipeline stages differ):
+- weights: the decoder's linears split over tp (KV heads duplicated when fewer than tp), 2 bytes
+  a parameter in float16/bfloat16 (4 in float32, 1 in INT8 plus its scales), norms, and the
+  embedding (first stage, whole on every tp rank) and lm_head (last stage, vocabulary split).
+- KV cache per token: 2 (K and V) x layers of the stage x KV heads of the rank x head size x
+  the cache's element size (1 for the INT8 KV cache).
+- activations: an estimate of what TensorRT reserves at build time for the largest batch of
+  tokens (`max_num_tokens` tokens through one layer: hidden states, qkv, attention output, the
+  MLP's intermediate, in the model dtype, doubled for the buffers alive at once) plus the logits
+  of `max_batch_size` sequences in float32; and a fixed 1 GiB for the CUDA context, cuBLAS
+  workspaces and the runtime's buffers.
+- the KV cache gets what TensorRT-LLM gives it by default: 0.9 of the memory left
+  (`kv_cache_free_gpu_mem_fraction`), in blocks of 32 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .gpus import GPUS, GpuSpec
+
+GIB = 1024**3
+#: TensorRT-LLM's default share of the free memory for the KV cache.
+KV_FRACTION = 0.9
+#: Tokens per KV-cache block (trtllm-build --tokens_per_block, 32 in every pinned release).
+TOKENS_PER_BLOCK = 32
+#: CUDA context, cuBLAS workspaces and runtime buffers.
+OVERHEAD_BYTES = 1 * GIB
+#: Largest max_batch_size the plan proposes (beyond it, scheduling rather than memory limits).
+MAX_PROPOSED_BATCH = 256
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model, from its TensorRT-LLM config."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head: int
+    vocab: int
+    gated: bool = True  # SwiGLU: fc, gate and proj
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        heads = config["num_attention_heads"]
+        return cls(
+            hidden=config["hidden_size"],
+            intermediate=config.get("intermediate_size") or 4 * config["hidden_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head=config.get("head_size") or config["hidden_size"] // heads,
+            vocab=config["vocab_size"],
+            gated=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh")
+            and config.get("architecture") != "GPT2LMHeadModel",
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_beam_width: int = 1
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    gpu: str
+    gpu_bytes: int
+    tp: int
+    pp: int
+    dtype: str
+    weight_dtype: str  # the linears': float16 / int8
+    kv_dtype: str
+    weight_bytes: int  # per rank, the largest
+    kv_bytes_per_token: int  # per rank
+    activation_bytes: int
+    overhead_bytes: int
+    kv_budget_bytes: int  # what the KV cache gets on each rank (0 when nothing is left)
+    limits: Limits
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_budget_bytes // self.kv_bytes_per_token if self.kv_budget_bytes > 0 else 0
+
+    def max_sequences(self, seq_len: int) -> int:
+        """Sequences of `seq_len` tokens the KV cache holds at once (whole blocks each)."""
+        per_sequence = math.ceil(seq_len / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+        return self.kv_tokens // per_sequence
+
+    @property
+    def fits(self) -> bool:
+        return self.max_sequences(self.limits.max_seq_len) >= 1
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gib"] = {
+            k: round(v / GIB, 2)
+            for k, v in data.items()
+            if k.endswith("_bytes") and k != "kv_bytes_per_token"
+        }
+        data["kv_tokens"] = self.kv_tokens
+        data["max_sequences_at_max_seq_len"] = self.max_sequences(self.limits.max_seq_len)
+        return data
+
+
+def _kv_heads_per_rank(shape: ModelShape, tp: int) -> int:
+    return max(1, shape.kv_heads // tp)  # fewer KV heads than ranks: each rank holds a copy
+
+
+def weight_bytes(shape: ModelShape, tp: int, pp: int, dtype: str, int8_linears: bool) -> int:
+    """Bytes of the largest rank's weights."""
+    act = _DTYPE_BYTES[dtype]
+    per_param = 1 if int8_linears else act
+    qkv_out = (shape.heads // tp + 2 * _kv_heads_per_rank(shape, tp)) * shape.head
+    mlp_in = (3 if shape.gated else 2) * shape.intermediate // tp
+    linear_params = shape.hidden * qkv_out + shape.heads // tp * shape.head * shape.hidden
+    linear_params += shape.hidden * mlp_in
+    scales = (qkv_out + shape.hidden + mlp_in + shape.hidden) * 4 if int8_linears else 0
+    per_layer = linear_params * per_param + scales + 2 * shape.hidden * act
+    layers = shape.layers // pp
+    embedding = shape.vocab * shape.hidden * act
+    padded_vocab = math.ceil(shape.vocab / tp) * tp
+    lm_head = padded_vocab // tp * shape.hidden * act + shape.hidden * act
+    first = layers * per_layer + embedding + (lm_head if pp == 1 else 0)
+    last = layers * per_layer + lm_head
+    return max(first, last)
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, pp: int, kv_dtype: str) -> int:
+    element = 1 if kv_dtype == "int8" else _DTYPE_BYTES[kv_dtype]
+    return 2 * (shape.layers // pp) * _kv_heads_per_rank(shape, tp) * shape.head * element
+
+
+def activation_bytes(shape: ModelShape, tp: int, dtype: str, limits: Limits) -> int:
+    act = _DTYPE_BYTES[dtype]
+    qkv_out = (shape.heads // tp + 2 * _kv_heads_per_rank(shape, tp)) * shape.head
+    per_token = 4 * shape.hidden + qkv_out + shape.heads // tp * shape.head
+    per_token += (2 if shape.gated else 1) * shape.intermediate // tp
+    tokens = limits.max_num_tokens
+    logits = limits.max_batch_size * limits.max_beam_width * shape.vocab // tp * 4
+    return 2 * tokens * per_token * act + logits
+
+
+def plan(
+    config: dict[str, Any],
+    *,
+    gpu: str,
+    tp: int,
+    pp: int,
+    dtype: str,
+    int8_linears: bool,
+    kv_int8: bool,
+    limits: Limits,
+) -> MemoryPlan:
+    """The memory plan of a model (its TensorRT-LLM config) on `gpu`."""
+    shape = ModelShape.from_config(config)
+    spec: GpuSpec = GPUS[gpu]
+    kv_dtype = "int8" if kv_int8 else dtype
+    weights = weight_bytes(shape, tp, pp, dtype, int8_linears)
+    activations = activation_bytes(shape, tp, dtype, limits)
+    total = int(spec.memory_gib * GIB)
+    free = total - weights - activations - OVERHEAD_BYTES
+    return MemoryPlan(
+        gpu=gpu,
+        gpu_bytes=total,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        weight_dtype="int8" if int8_linears else dtype,
+        kv_dtype=kv_dtype,
+        weight_bytes=weights,
+        kv_bytes_per_token=kv_bytes_per_token(shape, tp, pp, kv_dtype),
+        activation_bytes=activations,
+        overhead_bytes=OVERHEAD_BYTES,
+        kv_budget_bytes=max(0, int(free * KV_FRACTION)),
+        limits=limits,
+    )
+
+
+def proposed_batch(memory: MemoryPlan) -> int:
+    """max_batch_size from the plan: the sequences of max_seq_len the KV cache holds, as a power
+    of two, at most MAX_PROPOSED_BATCH."""
+    n = min(memory.max_sequences(memory.limits.max_seq_len), MAX_PROPOSED_BATCH)
+    return 1 << (n.bit_length() - 1) if n >= 1 else 1
+
+
+def alternatives(config: dict[str, Any], memory: MemoryPlan, *, gpu_count: int = 8) -> list[str]:
+    """What would fit when `memory` does not: more tensor-parallel ranks, or INT8."""
+    shape = ModelShape.from_config(config)
+    found = []
+    for tp in (2, 4, 8):
+        if tp <= memory.tp or tp * memory.pp > gpu_count or shape.heads % tp:
+            continue
+        trial = plan(config, gpu=memory.gpu, tp=tp, pp=memory.pp, dtype=memory.dtype,
+                     int8_linears=memory.weight_dtype == "int8",
+                     kv_int8=memory.kv_dtype == "int8", limits=memory.limits)  # fmt: skip
+        if trial.fits:
+            found.append(f"--tp {tp} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
+            break
+    if memory.weight_dtype != "int8":
+        trial = plan(config, gpu=memory.gpu, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
+                     int8_linears=True, kv_int8=memory.kv_dtype == "int8",
+                     limits=memory.limits)  # fmt: skip
+        if trial.fits:
+            found.append(f"--dtype int8 ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
+    shorter = replace(
+        memory.limits, max_seq_len=1024, max_input_len=min(memory.limits.max_input_len, 1024)
+    )
+    if memory.limits.max_seq_len > 1024:
+        trial = plan(config, gpu=memory.gpu, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
+                     int8_linears=memory.weight_dtype == "int8",
+                     kv_int8=memory.kv_dtype == "int8", limits=shorter)  # fmt: skip
+        if trial.fits:
+            found.append("--max-seq-len 1024")
+    bigger = [g.name for g in GPUS.values() if g.memory_gib > GPUS[memory.gpu].memory_gib]
+    for name in bigger:
+        trial = plan(config, gpu=name, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
+                     int8_linears=memory.weight_dtype == "int8",
+                     kv_int8=memory.kv_dtype == "int8", limits=memory.limits)  # fmt: skip
+        if trial.fits:
+            found.append(f"--target-gpu {name}")
+            break
+    return found
+
+
+def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
+    """The plan of a build spec for a model's HF config; refuses (SpecError) a spec that
+    cannot hold one sequence of max_seq_len, naming what would."""
+    from .errors import SpecError
+    from .models import family_for
+    from .quant import SmoothQuant, WeightOnlyInt8
+
+    config = family_for(hf_config).config(hf_config)
+    mode = spec.mode
+    dtype = mode.dtype if mode.dtype in _DTYPE_BYTES else "float16"  # auto: float16 at most
+    lim = spec.limits
+    memory = plan(
+        config,
+        gpu=spec.target_gpu,
+        tp=spec.tp,
+        pp=spec.pp,
+        dtype=dtype,
+        int8_linears=isinstance(mode, (SmoothQuant, WeightOnlyInt8)),
+        kv_int8=bool(getattr(mode, "kv_int8", False)),
+        limits=Limits(
+            lim.max_batch_size,
+            lim.max_input_len,
+            lim.max_seq_len,
+            lim.max_num_tokens,
+            lim.max_beam_width,
+        ),  # fmt: skip
+    )
+    if not memory.fits:
+        need = (memory.weight_bytes + memory.activation_bytes + memory.overhead_bytes) / GIB
+        fixes = alternatives(config, memory) or ["a larger GPU"]
+        raise SpecError(
+            f"{spec.variant} does not fit {spec.target_gpu} ({GPUS[spec.target_gpu].memory_gib:g} "
+            f"GiB): {need:.1f} GiB per rank before the KV cache, which then cannot hold one "
+            f"sequence of {lim.max_seq_len} tokens; use {' or '.join(fixes)}"
+        )
+    return memory
