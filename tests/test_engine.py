@@ -173,3 +173,35 @@ def test_qwen3_needs_tensorrt_llm_1_0() -> None:
     check_release("Qwen3ForCausalLM", "1.2.1")
     check_release("Qwen3ForCausalLM", "absent")  # a stand-in or unknown install: not refused
     check_release("LlamaForCausalLM", "0.20.0")
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.21.0", "1.0.0", "1.1.0", "1.2.1"])
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache"),
+    [("float16", "model"), ("bfloat16", "model"), ("int8-wo", "model"), ("int8", "model"),
+     ("int8", "int8"), ("float16", "int8")],
+)  # fmt: skip
+def test_flags_per_release_and_mode(
+    tmp_path: Path, version: str, dtype: str, kv_cache: str
+) -> None:
+    from trt_builder.engine import release_for
+
+    release = release_for(version)
+    spec = make_spec(dtype=dtype, kv_cache=kv_cache, tp=2)
+    argv = build_command(spec, tmp_path / "ck", tmp_path / "eng", release=release)
+    flags = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert not set(flags) & release.rejects
+    # SmoothQuant's plugins switch on from the checkpoint's quant_algo: no release takes a flag
+    assert not any("smooth_quant" in f or "quantiz" in f for f in flags)
+    assert flags["--use_paged_context_fmha"] == ("disable" if kv_cache == "int8" else "enable")
+    assert flags["--tokens_per_block"] == "32" and flags["--workers"] == "2"
+    assert flags["--gemm_plugin"] == "auto" and flags["--context_fmha"] == "enable"
+
+
+def test_unpinned_releases_are_refused() -> None:
+    from trt_builder.engine import check_release, release_for
+
+    assert release_for("1.2.0rc8").version == "1.2" and release_for("0.21.0").tensorrt == "10.11"
+    for version in ("0.19.0", "1.3.0", "2.0.0"):
+        with pytest.raises(EngineError, match=r"not a pinned release .* tensorrt-llm>=0.20,<1.3"):
+            check_release("LlamaForCausalLM", version)

@@ -40,12 +40,57 @@ def find_toolchain() -> Toolchain | None:
 MIN_RELEASE = {"Qwen3ForCausalLM": "1.0"}
 
 
+@dataclass(frozen=True)
+class Release:
+    """A pinned TensorRT-LLM release line (docs/engine.md has the sources)."""
+
+    version: str  # major.minor
+    tensorrt: str | None  # the TensorRT it is built with (an engine needs the same at run time)
+    container: str | None  # the NGC tritonserver:<tag>-trtllm-python-py3 that ships it
+    rejects: frozenset[str] = frozenset()  # trtllm-build flags it no longer accepts
+
+
+#: Releases that still ship trtllm-build. In all of them the flags we pass exist with the same
+#: meaning and `--tokens_per_block` defaults to 32; SmoothQuant `*_PLUGIN` checkpoints switch
+#: the SmoothQuant plugins on by themselves (builder.py), so no release takes a flag for them.
+RELEASES = (
+    Release("0.20", "10.10", "25.06"),
+    Release("0.21", "10.11", "25.08"),
+    Release("1.0", "10.11", "25.09"),
+    Release("1.1", "10.13", "25.12"),
+    Release("1.2", None, None, frozenset({"--auto_parallel", "--gpus_per_node", "--cluster_key"})),
+)
+PINNED = f">={RELEASES[0].version},<1.3"
+
+
+def release_for(trtllm_version: str) -> Release:
+    """The release line of an installed TensorRT-LLM; refuses one outside the pinned range."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(trtllm_version)
+    except InvalidVersion:
+        raise EngineError(
+            f"TensorRT-LLM version {trtllm_version!r} is not readable: install tensorrt-llm{PINNED}"
+        ) from None
+    for release in RELEASES:
+        if (v.major, v.minor) == tuple(int(x) for x in release.version.split(".")):
+            return release
+    raise EngineError(
+        f"TensorRT-LLM {trtllm_version} is not a pinned release (it must still ship trtllm-build "
+        f"with the TensorRT backend): install tensorrt-llm{PINNED} or use its NGC container"
+    )
+
+
 def check_release(architecture: str, trtllm_version: str) -> None:
     """Refuse a build the installed TensorRT-LLM cannot do (when its version is known)."""
     from packaging.version import InvalidVersion, Version
 
+    if trtllm_version == "absent":
+        return
+    release_for(trtllm_version)
     need = MIN_RELEASE.get(architecture)
-    if need is None or trtllm_version == "absent":
+    if need is None:
         return
     try:
         too_old = Version(trtllm_version) < Version(need)
@@ -59,11 +104,19 @@ def check_release(architecture: str, trtllm_version: str) -> None:
 
 
 def build_command(
-    spec: BuildSpec, checkpoint: Path, output: Path, *, executable: str = "trtllm-build"
+    spec: BuildSpec,
+    checkpoint: Path,
+    output: Path,
+    *,
+    executable: str = "trtllm-build",
+    release: Release = RELEASES[-1],
 ) -> list[str]:
-    """The trtllm-build argv for this spec (flags valid for TensorRT-LLM 0.20 through 1.2)."""
+    """The trtllm-build argv for this spec and release. Paged context FMHA is turned off for
+    the INT8 KV cache (TensorRT-LLM would turn it off itself, with a warning, and with it KV
+    reuse and chunked context), so the command says what the engine will be."""
     lim = spec.limits
-    return [
+    kv_int8 = bool(getattr(spec.mode, "kv_int8", False))
+    argv = [
         executable,
         "--checkpoint_dir", str(checkpoint),
         "--output_dir", str(output),
@@ -75,10 +128,18 @@ def build_command(
         "--max_num_tokens", str(lim.max_num_tokens),
         "--max_beam_width", str(lim.max_beam_width),
         "--kv_cache_type", "paged",
+        "--tokens_per_block", "32",
         "--remove_input_padding", "enable",
         "--context_fmha", "enable",
+        "--use_paged_context_fmha", "disable" if kv_int8 else "enable",
         "--workers", str(spec.tp * spec.pp),
     ]  # fmt: skip
+    rejected = [flag for flag in argv if flag in release.rejects]
+    if rejected:  # a table bug, never the user's: fail loudly
+        raise EngineError(
+            f"internal: {rejected[0]} is not accepted by TensorRT-LLM {release.version}"
+        )
+    return argv
 
 
 def local_gpus() -> list[str]:

@@ -7,7 +7,15 @@ import shlex
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..engine import build_command, check_release, find_toolchain, local_gpus, run_build
+from ..engine import (
+    RELEASES,
+    build_command,
+    check_release,
+    find_toolchain,
+    local_gpus,
+    release_for,
+    run_build,
+)
 from ..errors import EngineError
 from .base import BuildContext, StageSkipped
 
@@ -52,8 +60,17 @@ class EngineStage:
             "architecture"
         ]
         check_release(architecture, toolchain.trtllm_version)
+        release = (
+            RELEASES[-1]
+            if toolchain.trtllm_version == "absent"
+            else release_for(toolchain.trtllm_version)
+        )
         argv = build_command(
-            ctx.spec, ctx.layout.checkpoint.resolve(), work, executable=toolchain.executable
+            ctx.spec,
+            ctx.layout.checkpoint.resolve(),
+            work,
+            executable=toolchain.executable,
+            release=release,
         )
         log = ctx.layout.variant_dir / "engine-build.log"
         seconds = run_build(argv, log)
