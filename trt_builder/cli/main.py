@@ -283,6 +283,42 @@ def plan_command(**kwargs: Any) -> None:
         click.echo(f"{label:<34} {value}")
 
 
+@cli.command("doctor")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("engines"), show_default=True,
+              help="Engines root whose disk is checked.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def doctor_command(out: Path, as_json: bool, debug: bool) -> None:
+    """What this host has (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, memory, disk) and which
+    modes it can build engines for.
+
+    \b
+    Example:
+      trt-builder doctor
+    """
+    from ..doctor import inspect
+
+    report = inspect(out)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    gpus = "; ".join(f"{g['name']} (SM {g['sm']}, {g['memory_mib'] / 1024:.0f} GiB)"
+                     for g in report["gpus"]) or "none visible"  # fmt: skip
+    driver = report["gpus"][0]["driver"] if report["gpus"] else "n/a"
+    rows = [
+        ("GPUs", gpus),
+        ("driver / CUDA (driver)", f"{driver} / {report['cuda_driver'] or 'n/a'}"),
+        ("TensorRT", report["tensorrt"]),
+        ("TensorRT-LLM", f"{report['tensorrt_llm']} ({report['trtllm_build'] or 'no trtllm-build'})"),
+        ("torch", report["torch"]),
+        ("host memory", f"{report['host_memory_gib']} GiB"),
+        ("free disk", f"{report['free_disk_gib']} GiB at {report['disk_path']}"),
+    ]  # fmt: skip
+    rows += [(f"build {mode}", answer) for mode, answer in report["buildable"].items()]
+    for label, value in rows:
+        click.echo(f"{label:<24} {value}")
+
+
 @cli.command("models")
 def models_command() -> None:
     """List the supported architectures.

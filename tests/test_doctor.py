@@ -1,0 +1,74 @@
+"""`trt-builder doctor` against a stand-in nvidia-smi (named as such) and stated versions."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trt_builder import doctor
+
+STANDINS = Path(__file__).parent / "standins"
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("PATH", f"{STANDINS}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TRT_BUILDER_TRTLLM_BUILD", str(STANDINS / "trtllm-build"))
+    versions = {"tensorrt-llm": "1.1.0", "tensorrt": "10.13.3.9", "torch": "2.13.0"}
+    monkeypatch.setattr(doctor, "tool_version", lambda name: versions.get(name, "absent"))
+    return monkeypatch
+
+
+def test_a_hopper_host_builds_every_mode(host: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    host.setenv(
+        "FAKE_SMI_GPUS",
+        "NVIDIA H100 80GB HBM3, 9.0, 81559, 575.57.08;NVIDIA H100 80GB HBM3, 9.0, 81559, 575.57.08",
+    )
+    report = doctor.inspect(tmp_path / "engines")  # not there yet: its parent's disk
+    assert [g["sm"] for g in report["gpus"]] == [90, 90] and report["gpus"][0][
+        "memory_mib"
+    ] == 81559
+    assert report["cuda_driver"] == "12.9" and report["tensorrt"] == "10.13.3.9"
+    assert report["free_disk_gib"] > 0 and report["host_memory_gib"] > 0
+    assert set(report["buildable"].values()) == {"yes"}
+
+
+def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    host.setenv("FAKE_SMI_GPUS", "NVIDIA B200, 10.0, 183359, 580.95.05")
+    b200 = doctor.inspect(tmp_path)["buildable"]
+    assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
+    assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m] for m in doctor.INT8_MODES)
+    host.setenv("FAKE_SMI_GPUS", "NVIDIA T4, 7.5, 15360, 575.57.08")
+    assert "bfloat16 needs SM 80" in doctor.inspect(tmp_path)["buildable"]["bfloat16"]
+    host.setenv("FAKE_SMI_GPUS", "")
+    assert doctor.inspect(tmp_path)["buildable"]["float16"] == "no: no NVIDIA GPU visible"
+    host.setattr(
+        doctor, "tool_version", lambda name: "1.3.0" if name == "tensorrt-llm" else "absent"
+    )
+    assert "not a pinned release" in doctor.inspect(tmp_path)["buildable"]["int8"]
+
+
+def test_doctor_command(
+    host: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trt_builder.cli.main import main
+
+    host.setenv("FAKE_SMI_GPUS", "NVIDIA L4, 8.9, 23034, 575.57.08")
+    assert main(["doctor", "--out", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpus"][0]["name"] == "NVIDIA L4"
+    assert main(["doctor", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "NVIDIA L4 (SM 89, 22 GiB)" in text and "build int8" in text
+
+
+def test_this_machine_without_tensorrt_llm(tmp_path: Path) -> None:
+    """The real host here: no TensorRT-LLM, so no mode builds an engine, and it says why."""
+    report = doctor.inspect(tmp_path)
+    if report["tensorrt_llm"] != "absent":
+        pytest.skip("TensorRT-LLM is installed here")
+    assert set(report["buildable"].values()) == {
+        "no: TensorRT-LLM is not installed (the NGC container has it)"
+    }
