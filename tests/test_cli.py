@@ -109,6 +109,24 @@ def test_dry_run_writes_nothing(
     assert set(_statuses(result).values()) == {"would run"}
     assert not (tmp_path / "engines").exists() and not (tmp_path / "triton").exists()
     assert not list(tmp_path.rglob("digests.json")) and not list(tmp_path.rglob("*.lock"))
+    plan = result["engine_plan"]
+    assert plan["command"].startswith("trtllm-build --checkpoint_dir ")
+    assert plan["memory"] == "after fetch: the model's config is not here yet"
+    # once fetched, the dry run shows the memory plan too (as data and in words)
+    assert _cli(capsys, "fetch", *_common(tiny_llama, tmp_path), "--json")[0] == 0
+    code, result, _ = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--dry-run", "--json")
+    memory = (result or {})["engine_plan"]["memory"]
+    assert (
+        memory["gpu"] == "H100-80GB"
+        and memory["kv_tokens"] > 0
+        and memory["proposed_max_batch_size"] >= 1
+    )
+    code, _, err = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--dry-run")
+    assert (
+        code == 0
+        and "memory plan on H100-80GB per rank: weights" in err
+        and "engine command: trtllm-build" in err
+    )
 
 
 def test_stages_one_at_a_time(

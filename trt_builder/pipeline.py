@@ -61,6 +61,7 @@ class BuildResult:
     seconds: float = 0.0
     dry_run: bool = False
     hashed_bytes: int = 0  # bytes read to compute digests (0 on an unchanged rerun)
+    engine_plan: dict[str, Any] | None = None  # dry run: the trtllm-build command, memory plan
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,7 +75,35 @@ class BuildResult:
             "hashed_bytes": self.hashed_bytes,
             "notices": self.notices,
             "stages": [r.to_json() for r in self.records],
+            **({"engine_plan": self.engine_plan} if self.engine_plan is not None else {}),
         }
+
+
+def _engine_plan(ctx: BuildContext) -> dict[str, Any]:
+    """For a dry run: the trtllm-build command and, once the model's config is here, the
+    memory plan on the target GPU (or why the spec does not fit)."""
+    import shlex
+
+    from .engine import build_command
+    from .errors import SpecError
+    from .fetch import read_hf_config
+    from .memplan import plan_for, proposed_batch
+
+    layout = ctx.layout
+    command = shlex.join(
+        build_command(ctx.spec, layout.checkpoint.resolve(), layout.engine.resolve())
+    )
+    plan: dict[str, Any] = {"command": command, "target_gpu": ctx.spec.target_gpu}
+    if not (layout.hf / "config.json").is_file():
+        plan["memory"] = "after fetch: the model's config is not here yet"
+        return plan
+    try:
+        memory = plan_for(ctx.spec, read_hf_config(layout.hf))
+    except SpecError as exc:
+        plan["memory"] = f"does not fit: {exc}"
+        return plan
+    plan["memory"] = {**memory.to_json(), "proposed_max_batch_size": proposed_batch(memory)}
+    return plan
 
 
 def prepare(spec: BuildSpec, *, force: bool = False) -> BuildContext:
@@ -172,6 +201,8 @@ def run(
     try:
         if dry_run:
             result.records = [_plan(stage, ctx) for stage in STAGES if _wanted(stage, ctx, only)]
+            if "engine" in only:
+                result.engine_plan = _engine_plan(ctx)
             return result
         with _locked(ctx.layout.lock, lock_timeout):
             for stage in STAGES:

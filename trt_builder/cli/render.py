@@ -100,6 +100,21 @@ def summary(console: Console, result: BuildResult) -> None:
             "[yellow]engine skipped:[/] TensorRT-LLM is not installed here. On a GPU host with TensorRT-LLM (e.g. the NGC container) run:"
         )
         console.print(engine.details["command"], markup=False, highlight=False, soft_wrap=True)
+    if result.engine_plan is not None:
+        console.print("engine command:", result.engine_plan["command"], markup=False,
+                      highlight=False, soft_wrap=True)  # fmt: skip
+        memory = result.engine_plan["memory"]
+        if isinstance(memory, str):
+            console.print(f"memory plan: {memory}", markup=False, soft_wrap=True)
+        else:
+            gib = memory["gib"]
+            console.print(
+                f"memory plan on {memory['gpu']} per rank: weights {gib['weight_bytes']} GiB, "
+                f"activations ~{gib['activation_bytes']} GiB, KV cache {gib['kv_budget_bytes']} GiB "
+                f"= {memory['kv_tokens']} tokens, {memory['max_sequences_at_max_seq_len']} sequences "
+                f"of {memory['limits']['max_seq_len']} at once",
+                markup=False, soft_wrap=True,
+            )  # fmt: skip
     if not result.dry_run:
         console.print(f"manifest: {result.layout.manifest}", markup=False)
         console.print(f"done in {result.seconds:.2f}s")
