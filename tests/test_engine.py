@@ -93,6 +93,52 @@ def test_stage_runs_the_executable_and_package_includes_the_engine(
 
 
 @pytest.mark.integration
+def test_the_engine_manifest_is_checked_before_packaging(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_builder import engine as engine_module
+    from trt_builder.digests import sha256_file
+    from trt_builder.engine import MANIFEST, check_engine
+
+    monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
+    result = run(_spec(tiny_llama, tmp_path))
+    engine = result.layout.engine
+    manifest = json.loads((engine / MANIFEST).read_text())
+    assert manifest["files"]["rank0.engine"] == sha256_file(engine / "rank0.engine")
+    assert manifest["argv"][:2] == ["--checkpoint_dir", str(result.layout.checkpoint.resolve())]
+    assert len(manifest["checkpoint_digest"]) == 64 and manifest["tensorrt_llm"] == "absent"
+    assert check_engine(engine, digest=sha256_file) is None
+
+    # another TensorRT here than at the build: refused, saying to rebuild
+    built = dict(manifest, tensorrt="10.10.0.31")
+    (engine / MANIFEST).write_text(json.dumps(built))
+    monkeypatch.setattr(
+        engine_module, "tool_version", lambda name: "10.11.0.33" if name == "tensorrt" else "absent"
+    )
+    with pytest.raises(
+        EngineError, match=r"built with tensorrt 10.10.0.31, this host has 10.11.0.33: rebuild"
+    ):
+        check_engine(engine, digest=sha256_file)
+    # a GPU of another SM
+    (engine / MANIFEST).write_text(json.dumps(dict(manifest, sm=[80])))
+    monkeypatch.setattr(engine_module, "local_gpus", lambda: ["NVIDIA H100 80GB HBM3 (SM 90)"])
+    with pytest.raises(EngineError, match=r"built on SM 80, this host's GPUs are SM 90"):
+        check_engine(engine, digest=sha256_file)
+    (engine / MANIFEST).write_text(json.dumps(manifest))
+    assert check_engine(engine, digest=sha256_file) is None
+
+    # an engine file changed after the build: package refuses it
+    with open(engine / "rank0.engine", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(EngineError, match="rank0.engine no longer matches its digest.*rebuild"):
+        run(_spec(tiny_llama, tmp_path), only=("package",), force=True)
+    # an engine built by hand (no manifest) still ships, with a note
+    (engine / MANIFEST).unlink()
+    again = run(_spec(tiny_llama, tmp_path), only=("package",), force=True)
+    assert any("not checked" in n for n in again.notices)
+
+
+@pytest.mark.integration
 def test_engine_from_an_older_checkpoint_is_not_packaged(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -9,8 +10,10 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import EngineError
 from .spec import BuildSpec
@@ -204,3 +207,74 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
             f"trtllm-build exited with {code}; last lines: {last} (full log: {log_path})"
         )
     return time.perf_counter() - start
+
+
+#: The engine manifest trt-builder writes beside rank*.engine (TensorRT-LLM's config.json
+#: records no GPU, SM or TensorRT version).
+MANIFEST = "trt-builder-engine.json"
+
+
+def _sms(gpus: list[str]) -> list[int]:
+    return sorted({int(g.rsplit("SM ", 1)[1].rstrip(")")) for g in gpus if "(SM " in g})
+
+
+def write_engine_manifest(
+    engine_dir: Path, *, argv: list[str], trtllm_version: str, checkpoint_digest: str,
+    digest: Callable[[Path], str],
+) -> dict[str, Any]:  # fmt: skip
+    """Versions, build GPUs, flags, the checkpoint's digest and each engine file's sha256."""
+    gpus = local_gpus()
+    data = {
+        "tensorrt_llm": trtllm_version,
+        "tensorrt": tool_version("tensorrt"),
+        "gpus": gpus,
+        "sm": _sms(gpus),
+        "argv": argv[1:],
+        "checkpoint_digest": checkpoint_digest,
+        "files": {
+            p.name: digest(p)
+            for p in sorted(engine_dir.iterdir())
+            if p.is_file() and p.name != MANIFEST
+        },
+    }
+    (engine_dir / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return data
+
+
+def check_engine(engine_dir: Path, *, digest: Callable[[Path], str]) -> str | None:
+    """Refuse an engine whose files changed since its build, or that this host cannot run (a
+    different TensorRT-LLM or TensorRT, or a GPU of another SM, where those are present here).
+    Returns a note for an engine built by hand (no manifest: nothing to check against)."""
+    path = engine_dir / MANIFEST
+    if not path.is_file():
+        return (
+            f"{engine_dir} has no {MANIFEST} (built by hand?): its files and host are not checked"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+        files = dict(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(
+            f"{path} is damaged: rebuild the engine (trt-builder engine --force)"
+        ) from None
+    for name, want in sorted(files.items()):
+        if not (engine_dir / name).is_file() or digest(engine_dir / name) != want:
+            raise EngineError(
+                f"engine file {engine_dir / name} no longer matches its digest from the build: "
+                "rebuild the engine (trt-builder engine --force)"
+            )
+    for tool, key in (("tensorrt-llm", "tensorrt_llm"), ("tensorrt", "tensorrt")):
+        here, built = tool_version(tool), manifest.get(key)
+        if here != "absent" and built not in (None, "absent") and here != built:
+            raise EngineError(
+                f"the engine in {engine_dir} was built with {tool} {built}, this host has {here}: "
+                "rebuild it here (trt-builder engine --force)"
+            )
+    built_sms, here_sms = manifest.get("sm") or [], _sms(local_gpus())
+    if built_sms and here_sms and not set(here_sms) <= set(built_sms):
+        raise EngineError(
+            f"the engine in {engine_dir} was built on SM {', '.join(map(str, built_sms))}, this "
+            f"host's GPUs are SM {', '.join(map(str, here_sms))}: rebuild it on this GPU type "
+            "(trt-builder engine --force)"
+        )
+    return None

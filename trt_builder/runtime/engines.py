@@ -54,6 +54,10 @@ class EngineRuntime:
             ) from None
         if not (engine_dir / "config.json").is_file():
             raise InputError(f"{engine_dir} has no config.json: pass an engine directory")
+        from ..digests import sha256_file
+        from ..engine import check_engine
+
+        check_engine(engine_dir, digest=sha256_file)  # before TensorRT fails deep inside
         self.runner = ModelRunner.from_dir(engine_dir=str(engine_dir), rank=tensorrt_llm.mpi_rank())
         self.eos_token_id = eos_token_id
         self.teacher_forced = bool(getattr(self.runner, "gather_context_logits", False))

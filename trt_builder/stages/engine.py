@@ -15,6 +15,7 @@ from ..engine import (
     local_gpus,
     release_for,
     run_build,
+    write_engine_manifest,
 )
 from ..errors import EngineError
 from .base import BuildContext, StageSkipped
@@ -78,6 +79,13 @@ class EngineStage:
             raise EngineError(
                 f"trtllm-build finished but wrote no rank*.engine into the output; see {log}"
             )
+        write_engine_manifest(
+            work,
+            argv=argv,
+            trtllm_version=toolchain.trtllm_version,
+            checkpoint_digest=ctx.digests.digest(ctx.layout.checkpoint),
+            digest=ctx.digests.file,
+        )
         return {
             "command": command,
             "executed": shlex.join(argv),

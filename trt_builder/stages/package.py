@@ -67,6 +67,11 @@ class PackageStage:
             if notice not in ctx.notices:
                 ctx.notices.append(notice)
             return None
+        from ..engine import check_engine
+
+        note = check_engine(engine, digest=ctx.digests.file)  # refuses a changed engine
+        if note is not None and note not in ctx.notices:
+            ctx.notices.append(note)
         return engine
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
