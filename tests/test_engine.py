@@ -121,7 +121,8 @@ def test_the_engine_manifest_is_checked_before_packaging(
         check_engine(engine, digest=sha256_file)
     # a GPU of another SM
     (engine / MANIFEST).write_text(json.dumps(dict(manifest, sm=[80])))
-    monkeypatch.setattr(engine_module, "local_gpus", lambda: ["NVIDIA H100 80GB HBM3 (SM 90)"])
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_mib": 81559, "driver": "575.57.08"}
+    monkeypatch.setattr(engine_module, "gpu_info", lambda: [h100])
     with pytest.raises(EngineError, match=r"built on SM 80, this host's GPUs are SM 90"):
         check_engine(engine, digest=sha256_file)
     (engine / MANIFEST).write_text(json.dumps(manifest))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trt_builder.errors import SpecError
-from trt_builder.memplan import GIB, Limits, plan, plan_for, proposed_batch
+from trt_builder.memplan import GIB, Limits, MemoryPlan, plan, plan_for, proposed_batch
 from trt_builder.spec import make_spec
 
 LLAMA2_7B = {
@@ -20,9 +20,15 @@ LLAMA2_7B = {
 LIMITS = Limits(max_batch_size=8, max_input_len=1024, max_seq_len=4096, max_num_tokens=8192)
 
 
+def _plan(config: dict = LLAMA2_7B, **changes: object) -> MemoryPlan:
+    """Llama-2-7B float16 on an H100-80GB, tp=1, pp=1, unless `changes` say otherwise."""
+    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "int8_linears": False,
+              "kv_int8": False, "limits": LIMITS}  # fmt: skip
+    return plan(config, **{**inputs, **changes})  # type: ignore[arg-type]
+
+
 def test_llama2_7b_float16_on_an_80gb_gpu() -> None:
-    p = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=False,
-             kv_int8=False, limits=LIMITS)  # fmt: skip
+    p = _plan()
     # 6,738,415,616 parameters (Llama-2-7B's count) x 2 bytes
     assert p.weight_bytes == 6_738_415_616 * 2
     # 2 (K, V) x 32 layers x 32 KV heads x 128 x 2 bytes = 0.5 MiB a token
@@ -37,12 +43,8 @@ def test_llama2_7b_float16_on_an_80gb_gpu() -> None:
 
 
 def test_llama2_7b_int8_and_the_int8_kv_cache() -> None:
-    fp16 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=False,
-                kv_int8=False, limits=LIMITS)  # fmt: skip
-    int8 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=True,
-                kv_int8=False, limits=LIMITS)  # fmt: skip
-    kv8 = plan(LLAMA2_7B, gpu="H100-80GB", tp=1, pp=1, dtype="float16", int8_linears=True,
-               kv_int8=True, limits=LIMITS)  # fmt: skip
+    fp16, int8 = _plan(), _plan(int8_linears=True)
+    kv8 = _plan(int8_linears=True, kv_int8=True)
     linears = 32 * (4096 * 3 * 4096 + 4096 * 4096 + 3 * 4096 * 11008)
     assert (
         fp16.weight_bytes - int8.weight_bytes
@@ -55,36 +57,7 @@ def test_llama2_7b_int8_and_the_int8_kv_cache() -> None:
 
 def test_ranks_split_weights_and_duplicate_too_few_kv_heads() -> None:
     gqa = {**LLAMA2_7B, "num_key_value_heads": 2}
-    one = plan(
-        gqa,
-        gpu="H100-80GB",
-        tp=1,
-        pp=1,
-        dtype="float16",
-        int8_linears=False,
-        kv_int8=False,
-        limits=LIMITS,
-    )
-    tp4 = plan(
-        gqa,
-        gpu="H100-80GB",
-        tp=4,
-        pp=1,
-        dtype="float16",
-        int8_linears=False,
-        kv_int8=False,
-        limits=LIMITS,
-    )
-    pp2 = plan(
-        gqa,
-        gpu="H100-80GB",
-        tp=1,
-        pp=2,
-        dtype="float16",
-        int8_linears=False,
-        kv_int8=False,
-        limits=LIMITS,
-    )
+    one, tp4, pp2 = _plan(gqa), _plan(gqa, tp=4), _plan(gqa, pp=2)
     # 2 KV heads over 4 ranks: each rank keeps one whole head, so per-token KV halves, not quarters
     assert (
         one.kv_bytes_per_token == 2 * 32 * 2 * 128 * 2
@@ -113,8 +86,7 @@ def test_a_spec_that_cannot_fit_is_refused_with_what_would() -> None:
     fits = plan_for(make_spec(dtype="float16", target_gpu="H100-80GB", tp=2), hf)
     assert fits.fits and fits.weight_bytes < 70 * GIB
     # 128.5 GiB of weights fit one H200 (141 GiB), with room for a few sequences only
-    h200 = plan(llama2_70b, gpu="H200", tp=1, pp=1, dtype="float16", int8_linears=False,
-                kv_int8=False, limits=LIMITS)  # fmt: skip
+    h200 = _plan(llama2_70b, gpu="H200")
     assert (
         h200.weight_bytes / GIB == pytest.approx(128.5, abs=0.1)
         and 1 <= h200.max_sequences(4096) < 8

@@ -16,37 +16,14 @@ MODES = ("float16", "bfloat16", "float32", "int8-wo", "int8", "kv-cache int8")
 INT8_MODES = ("int8-wo", "int8", "kv-cache int8")
 
 
-def _smi(*args: str) -> str | None:
-    try:
-        return subprocess.run(
-            ["nvidia-smi", *args], capture_output=True, text=True, timeout=20, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def gpus() -> list[dict[str, Any]]:
-    """Each GPU: name, SM (e.g. 90), memory in MiB, driver; [] where nvidia-smi is absent."""
-    out = _smi("--query-gpu=name,compute_cap,memory.total,driver_version",
-               "--format=csv,noheader,nounits")  # fmt: skip
-    found = []
-    for line in (out or "").strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
-            continue
-        name, cap, memory, driver = parts
-        try:
-            sm = int(cap.replace(".", ""))
-            memory_mib = int(float(memory))
-        except ValueError:
-            continue
-        found.append({"name": name, "sm": sm, "memory_mib": memory_mib, "driver": driver})
-    return found
-
-
 def cuda_driver_version() -> str | None:
     """The newest CUDA the driver supports (`nvidia-smi --version`)."""
-    match = re.search(r"CUDA Version\s*:\s*([\d.]+)", _smi("--version") or "")
+    try:
+        out = subprocess.run(["nvidia-smi", "--version"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"CUDA Version\s*:\s*([\d.]+)", out)
     return match.group(1) if match else None
 
 
@@ -93,10 +70,10 @@ def buildable(trtllm: str, trtllm_build: str | None, found: list[dict[str, Any]]
 
 def inspect(out: Path) -> dict[str, Any]:
     """Everything `doctor` reports, as data."""
-    from .engine import find_toolchain
+    from .engine import find_toolchain, gpu_info
 
     toolchain = find_toolchain()
-    found = gpus()
+    found = gpu_info()
     trtllm = tool_version("tensorrt-llm")
     trtllm_build = toolchain.executable if toolchain else None
     return {

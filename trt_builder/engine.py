@@ -145,23 +145,34 @@ def build_command(
     return argv
 
 
-def local_gpus() -> list[str]:
-    """The GPUs of this host as "name (SM xy)", from nvidia-smi; [] where there is none."""
+def gpu_info() -> list[dict[str, Any]]:
+    """Each GPU of this host (nvidia-smi): name, SM (e.g. 90), memory in MiB, driver; []
+    where there is none."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
+            ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return []
-    gpus = []
+    found = []
     for line in out.strip().splitlines():
-        name, _, cap = line.rpartition(",")
-        gpus.append(f"{name.strip()} (SM {cap.strip().replace('.', '')})")
-    return gpus
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        name, cap, memory, driver = parts
+        try:
+            found.append({"name": name, "sm": int(cap.replace(".", "")),
+                          "memory_mib": int(float(memory)), "driver": driver})  # fmt: skip
+        except ValueError:
+            continue
+    return found
+
+
+def local_gpus() -> list[str]:
+    """The GPUs of this host as "name (SM xy)"; [] where there is none."""
+    return [f"{g['name']} (SM {g['sm']})" for g in gpu_info()]
 
 
 def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -> float:
@@ -214,21 +225,17 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
 MANIFEST = "trt-builder-engine.json"
 
 
-def _sms(gpus: list[str]) -> list[int]:
-    return sorted({int(g.rsplit("SM ", 1)[1].rstrip(")")) for g in gpus if "(SM " in g})
-
-
 def write_engine_manifest(
     engine_dir: Path, *, argv: list[str], trtllm_version: str, checkpoint_digest: str,
     digest: Callable[[Path], str],
 ) -> dict[str, Any]:  # fmt: skip
     """Versions, build GPUs, flags, the checkpoint's digest and each engine file's sha256."""
-    gpus = local_gpus()
+    gpus = gpu_info()
     data = {
         "tensorrt_llm": trtllm_version,
         "tensorrt": tool_version("tensorrt"),
-        "gpus": gpus,
-        "sm": _sms(gpus),
+        "gpus": [f"{g['name']} (SM {g['sm']})" for g in gpus],
+        "sm": sorted({g["sm"] for g in gpus}),
         "argv": argv[1:],
         "checkpoint_digest": checkpoint_digest,
         "files": {
@@ -270,7 +277,7 @@ def check_engine(engine_dir: Path, *, digest: Callable[[Path], str]) -> str | No
                 f"the engine in {engine_dir} was built with {tool} {built}, this host has {here}: "
                 "rebuild it here (trt-builder engine --force)"
             )
-    built_sms, here_sms = manifest.get("sm") or [], _sms(local_gpus())
+    built_sms, here_sms = manifest.get("sm") or [], sorted({g["sm"] for g in gpu_info()})
     if built_sms and here_sms and not set(here_sms) <= set(built_sms):
         raise EngineError(
             f"the engine in {engine_dir} was built on SM {', '.join(map(str, built_sms))}, this "

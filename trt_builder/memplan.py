@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .gpus import GPUS, GpuSpec
+from .spec import BuildLimits as Limits  # the spec's own limits
 
 GIB = 1024**3
 #: TensorRT-LLM's default share of the free memory for the KV cache.
@@ -60,18 +61,8 @@ class ModelShape:
             kv_heads=config.get("num_key_value_heads") or heads,
             head=config.get("head_size") or config["hidden_size"] // heads,
             vocab=config["vocab_size"],
-            gated=config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh")
-            and config.get("architecture") != "GPT2LMHeadModel",
+            gated=config.get("architecture") != "GPT2LMHeadModel",  # the others are SwiGLU
         )
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    max_num_tokens: int
-    max_beam_width: int = 1
 
 
 @dataclass(frozen=True)
@@ -112,6 +103,7 @@ class MemoryPlan:
         }
         data["kv_tokens"] = self.kv_tokens
         data["max_sequences_at_max_seq_len"] = self.max_sequences(self.limits.max_seq_len)
+        data["proposed_max_batch_size"] = proposed_batch(self)
         return data
 
 
@@ -196,41 +188,42 @@ def proposed_batch(memory: MemoryPlan) -> int:
     return 1 << (n.bit_length() - 1) if n >= 1 else 1
 
 
+def _replan(config: dict[str, Any], memory: MemoryPlan, **changes: Any) -> MemoryPlan:
+    """`memory`'s plan again with some of its inputs changed."""
+    inputs = {
+        "gpu": memory.gpu, "tp": memory.tp, "pp": memory.pp, "dtype": memory.dtype,
+        "int8_linears": memory.weight_dtype == "int8", "kv_int8": memory.kv_dtype == "int8",
+        "limits": memory.limits,
+    }  # fmt: skip
+    return plan(config, **{**inputs, **changes})
+
+
 def alternatives(config: dict[str, Any], memory: MemoryPlan, *, gpu_count: int = 8) -> list[str]:
-    """What would fit when `memory` does not: more tensor-parallel ranks, or INT8."""
-    shape = ModelShape.from_config(config)
+    """What would fit when `memory` does not: more tensor-parallel ranks, INT8, shorter
+    sequences, a larger GPU (the first of each that fits)."""
+    heads = ModelShape.from_config(config).heads
     found = []
     for tp in (2, 4, 8):
-        if tp <= memory.tp or tp * memory.pp > gpu_count or shape.heads % tp:
-            continue
-        trial = plan(config, gpu=memory.gpu, tp=tp, pp=memory.pp, dtype=memory.dtype,
-                     int8_linears=memory.weight_dtype == "int8",
-                     kv_int8=memory.kv_dtype == "int8", limits=memory.limits)  # fmt: skip
-        if trial.fits:
-            found.append(f"--tp {tp} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
-            break
+        if tp > memory.tp and tp * memory.pp <= gpu_count and heads % tp == 0:
+            trial = _replan(config, memory, tp=tp)
+            if trial.fits:
+                found.append(f"--tp {tp} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
+                break
     if memory.weight_dtype != "int8":
-        trial = plan(config, gpu=memory.gpu, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
-                     int8_linears=True, kv_int8=memory.kv_dtype == "int8",
-                     limits=memory.limits)  # fmt: skip
+        trial = _replan(config, memory, int8_linears=True)
         if trial.fits:
             found.append(f"--dtype int8 ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
-    shorter = replace(
-        memory.limits, max_seq_len=1024, max_input_len=min(memory.limits.max_input_len, 1024)
-    )
-    if memory.limits.max_seq_len > 1024:
-        trial = plan(config, gpu=memory.gpu, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
-                     int8_linears=memory.weight_dtype == "int8",
-                     kv_int8=memory.kv_dtype == "int8", limits=shorter)  # fmt: skip
-        if trial.fits:
+    lim = memory.limits
+    if lim.max_seq_len > 1024:
+        shorter = replace(lim, max_seq_len=1024, max_input_len=min(lim.max_input_len, 1024))
+        if _replan(config, memory, limits=shorter).fits:
             found.append("--max-seq-len 1024")
-    bigger = [g.name for g in GPUS.values() if g.memory_gib > GPUS[memory.gpu].memory_gib]
-    for name in bigger:
-        trial = plan(config, gpu=name, tp=memory.tp, pp=memory.pp, dtype=memory.dtype,
-                     int8_linears=memory.weight_dtype == "int8",
-                     kv_int8=memory.kv_dtype == "int8", limits=memory.limits)  # fmt: skip
-        if trial.fits:
-            found.append(f"--target-gpu {name}")
+    for gpu in GPUS.values():
+        if (
+            gpu.memory_gib > GPUS[memory.gpu].memory_gib
+            and _replan(config, memory, gpu=gpu.name).fits
+        ):
+            found.append(f"--target-gpu {gpu.name}")
             break
     return found
 
@@ -254,13 +247,7 @@ def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
         dtype=dtype,
         int8_linears=isinstance(mode, (SmoothQuant, WeightOnlyInt8)),
         kv_int8=bool(getattr(mode, "kv_int8", False)),
-        limits=Limits(
-            lim.max_batch_size,
-            lim.max_input_len,
-            lim.max_seq_len,
-            lim.max_num_tokens,
-            lim.max_beam_width,
-        ),  # fmt: skip
+        limits=lim,
     )
     if not memory.fits:
         need = (memory.weight_bytes + memory.activation_bytes + memory.overhead_bytes) / GIB

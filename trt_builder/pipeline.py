@@ -87,7 +87,7 @@ def _engine_plan(ctx: BuildContext) -> dict[str, Any]:
     from .engine import build_command
     from .errors import SpecError
     from .fetch import read_hf_config
-    from .memplan import plan_for, proposed_batch
+    from .memplan import plan_for
 
     layout = ctx.layout
     command = shlex.join(
@@ -102,7 +102,7 @@ def _engine_plan(ctx: BuildContext) -> dict[str, Any]:
     except SpecError as exc:
         plan["memory"] = f"does not fit: {exc}"
         return plan
-    plan["memory"] = {**memory.to_json(), "proposed_max_batch_size": proposed_batch(memory)}
+    plan["memory"] = memory.to_json()
     return plan
 
 

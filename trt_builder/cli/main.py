@@ -265,7 +265,7 @@ def plan_command(**kwargs: Any) -> None:
     result = run(spec, only=("fetch",))
     memory = plan_for(spec, read_hf_config(Path(result.layout.hf)))
     if as_json:
-        data = {"ok": True, **memory.to_json(), "proposed_max_batch_size": proposed_batch(memory)}
+        data = {"ok": True, **memory.to_json()}
         click.echo(json.dumps(data, indent=2))
         return
     lim = memory.limits
