@@ -13,8 +13,10 @@ cache adds 0.5 percentage point at most on either. Exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -41,6 +43,7 @@ def main() -> None:
     from trt_builder.verify import corpus_windows
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-int8-"))
+    atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind
     if args.hf is None:
         from trt_builder.pipeline import run
         from trt_builder.spec import make_spec

@@ -15,9 +15,11 @@ model files) uses SmolLM2-135M's shape with random weights and token ids.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -87,6 +89,7 @@ def main() -> None:
     from trt_builder.verify import corpus_windows
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-rt-"))
+    atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind
     if args.synthetic:
         hf = synthetic(work)
         ids = torch.randint(0, SMOLLM2["vocab_size"], (args.batch, args.tokens))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import pytest
 
 # Before anything imports huggingface_hub (it reads these once): a private cache, no network.
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="trt-builder-hf-")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], True)
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
