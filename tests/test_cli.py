@@ -394,3 +394,22 @@ def test_a_cached_rerun_imports_neither_torch_nor_transformers(
         [sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True
     ).stdout
     assert out.split()[-3:] == ["0", "False", "False"]
+
+
+def test_engine_phases_show_as_lines_in_a_ci_log(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Not a terminal (a CI log): each trtllm-build phase is a line of its own (the stand-in
+    trtllm-build prints the real log's phase markers; it builds nothing)."""
+    from trt_builder.engine import EXECUTABLE_ENV
+
+    monkeypatch.setenv(EXECUTABLE_ENV, str(Path(__file__).parent / "standins" / "trtllm-build"))
+    code, _, err = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--dtype", "float32",
+                        "--build-timeout", "10m")  # fmt: skip
+    assert code == 0
+    lines = [line.strip() for line in err.splitlines()]
+    phases = [line for line in lines if line.startswith("engine ") and "(at " in line]
+    assert phases[0].startswith("engine reading the checkpoint and flags (at ")
+    assert any(p.startswith("engine TensorRT is optimizing the engine") for p in phases)
+    assert phases[-1].startswith("engine all ranks built")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from trt_builder import convert as convert_module
-from trt_builder.engine import EXECUTABLE_ENV, build_command, run_build
+from trt_builder.engine import EXECUTABLE_ENV, UNPLANNED, build_command, run_build
 from trt_builder.errors import EngineError
 from trt_builder.pipeline import BuildResult, run
 from trt_builder.spec import make_spec
@@ -48,12 +48,74 @@ def test_command_has_gemm_plugin_and_limits(tmp_path: Path) -> None:
         "256",
     )
     assert flags["--kv_cache_type"] == "paged" and flags["--workers"] == "1"
+    # limits left to the memory plan: the command says so until the plan has the model's config
+    unplanned = dict(
+        zip(*[iter(build_command(make_spec(), tmp_path, tmp_path)[1:])] * 2, strict=True)
+    )
+    assert unplanned["--max_batch_size"] == unplanned["--max_num_tokens"] == UNPLANNED
+    assert unplanned["--max_seq_len"] == "2048"
+
+
+def test_gemm_plugin_choice_must_match_the_activations(tmp_path: Path) -> None:
+    from trt_builder.engine import check_gemm_plugin
+    from trt_builder.errors import SpecError
+
+    spec = make_spec(dtype="bfloat16", **{"engine.gemm_plugin": "bfloat16"})
+    assert "--gemm_plugin bfloat16" in " ".join(build_command(spec, tmp_path, tmp_path))
+    with pytest.raises(
+        SpecError, match="--gemm-plugin float16 does not match the bfloat16 .* auto"
+    ):
+        make_spec(dtype="bfloat16", **{"engine.gemm_plugin": "float16"})
+    with pytest.raises(SpecError, match="does not match the float32 activations"):
+        make_spec(dtype="float32", **{"engine.gemm_plugin": "float16"})
+    make_spec(dtype="int8", **{"engine.gemm_plugin": "float16"})  # int8 activations come from fp16
+    with pytest.raises(SpecError, match="engine.gemm_plugin 'int8' is not one of auto"):
+        make_spec(**{"engine.gemm_plugin": "int8"})
+    # --dtype auto: known from the checkpoint only, checked by the engine stage before the build
+    make_spec(dtype="auto", **{"engine.gemm_plugin": "float16"})
+    check_gemm_plugin("float16", "float16")
+    check_gemm_plugin("auto", "bfloat16")
+    with pytest.raises(EngineError, match="does not match the checkpoint's bfloat16 activations"):
+        check_gemm_plugin("float16", "bfloat16")
+
+
+def test_build_timeout_takes_durations() -> None:
+    from trt_builder.cli.options import DURATION
+
+    assert [DURATION.convert(v, None, None) for v in ("90m", "4h", "600", "45s", 30)] == [
+        5400,
+        14400,
+        600,
+        45,
+        30,
+    ]
+    with pytest.raises(Exception, match="is not a duration"):
+        DURATION.convert("soon", None, None)
+    assert make_spec(**{"engine.timeout_s": 5400}).engine.timeout_s == 5400
 
 
 def _checkpoint(tmp_path: Path) -> list[str]:
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "config.json").write_text("{}")
-    return build_command(make_spec(), tmp_path / "ck", tmp_path / "eng", executable=str(STAND_IN))
+    spec = make_spec(**{"limits.max_batch_size": 4, "limits.max_num_tokens": 1024})
+    return build_command(spec, tmp_path / "ck", tmp_path / "eng", executable=str(STAND_IN))
+
+
+def test_phases_stream_to_the_callback_and_the_log(tmp_path: Path) -> None:
+    argv = _checkpoint(tmp_path)
+    seen: list[str] = []
+    build = run_build(argv, tmp_path / "build.log", on_phase=seen.append)
+    assert seen == [
+        "reading the checkpoint and flags",
+        "constructing the network",
+        "TensorRT is optimizing the engine (the longest phase)",
+        "engine generated in 0.01 s",
+        "writing rank0.engine",
+        "all ranks built",
+    ]
+    assert [phase for phase, _ in build.phases] == seen
+    assert all(b >= a for (_, a), (_, b) in zip(build.phases, build.phases[1:], strict=False))
+    assert "Build TensorRT engine" in (tmp_path / "build.log").read_text()
 
 
 def test_failed_build_quotes_the_last_lines(
@@ -71,7 +133,11 @@ def test_failed_build_quotes_the_last_lines(
 def test_silent_hang_meets_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = _checkpoint(tmp_path)
     monkeypatch.setenv("FAKE_TRTLLM_HANG", "1")
-    with pytest.raises(EngineError, match="ran past 2 s and was stopped"):
+    with pytest.raises(
+        EngineError,
+        match=r"ran past 2 s \(TensorRT is optimizing the engine .*\) and was stopped; raise "
+        r"--build-timeout",
+    ):
         run_build(argv, tmp_path / "build.log", timeout_s=2)
 
 
@@ -90,6 +156,28 @@ def test_stage_runs_the_executable_and_package_includes_the_engine(
     assert (result.layout.triton / "tensorrt_llm" / "1" / "engine" / "rank0.engine").is_file()
     manifest = json.loads(result.layout.manifest.read_text())
     assert manifest["stages"]["engine"]["outputs"].keys() >= {"rank0.engine", "config.json"}
+    # the limits the spec left open come from the memory plan, into the command, the engine
+    # and the Triton repository alike
+    memory = engine.details["memory_plan"]
+    batch, tokens = memory["limits"]["max_batch_size"], memory["limits"]["max_num_tokens"]
+    assert batch == memory["proposed_max_batch_size"] == 256  # a tiny model: the cap
+    assert (
+        tokens == 8192 and f"--max_batch_size {batch} --max_input_len" in engine.details["command"]
+    )
+    built = json.loads((result.layout.engine / "config.json").read_text())["build_config"]
+    assert (built["max_batch_size"], built["max_num_tokens"]) == (batch, tokens)
+    assert manifest["spec"]["limits"]["max_batch_size"] == batch
+    assert (
+        f"max_batch_size: {batch}"
+        in (result.layout.triton / "tensorrt_llm" / "config.pbtxt").read_text()
+    )
+    assert [p["phase"] for p in engine.details["phases"]][-2:] == [
+        "writing rank0.engine",
+        "all ranks built",
+    ]
+    # nothing changed: a dry run finds every stage cached, the engine's key included
+    again = run(_spec(tiny_llama, tmp_path), dry_run=True)
+    assert {r.name: r.status for r in again.records}["engine"] == "cached"
 
 
 @pytest.mark.integration
@@ -194,6 +282,42 @@ def test_failed_build_leaves_no_engine_dir(
     variant = next((tmp_path / "engines").glob("*/*/float32-tp1-pp1"))
     assert not (variant / "engine").exists()
     assert not [p for p in variant.iterdir() if p.name.startswith(".engine.tmp-")]
+
+
+@pytest.mark.integration
+def test_partial_output_is_discarded_and_the_rerun_succeeds(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL", "partial")  # half an engine written, then exit 3
+    with pytest.raises(EngineError, match=r"exited with 3; last lines: .*out of memory"):
+        run(_spec(tiny_llama, tmp_path))
+    variant = next((tmp_path / "engines").glob("*/*/float32-tp1-pp1"))
+    assert not (variant / "engine").exists()
+    assert not [p for p in variant.iterdir() if p.name.startswith(".engine.tmp-")]
+    assert "Build TensorRT engine" in (variant / "engine-build.log").read_text()
+    monkeypatch.delenv("FAKE_TRTLLM_FAIL")
+    result = run(_spec(tiny_llama, tmp_path))
+    statuses = {r.name: r.status for r in result.records}
+    assert statuses["convert"] == "cached" and statuses["engine"] == "ran"
+    assert (variant / "engine" / "rank0.engine").read_bytes().startswith(b"STAND-IN ENGINE: not")
+
+
+@pytest.mark.integration
+def test_the_build_timeout_comes_from_the_spec(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
+    monkeypatch.setenv("FAKE_TRTLLM_HANG", "1")
+    phases: list[object] = []
+    with pytest.raises(EngineError, match=r"ran past 2 s \(TensorRT is optimizing"):
+        run(
+            _spec(tiny_llama, tmp_path, **{"engine.timeout_s": 2}),
+            listener=lambda event, name, text: phases.append(text) if event == "progress" else None,
+        )
+    assert phases[-1] == "TensorRT is optimizing the engine (the longest phase)"
+    variant = next((tmp_path / "engines").glob("*/*/float32-tp1-pp1"))
+    assert not (variant / "engine").exists()
 
 
 @pytest.mark.trtllm

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from trt_builder.errors import SpecError
-from trt_builder.memplan import GIB, Limits, MemoryPlan, plan, plan_for, proposed_batch
+from trt_builder.memplan import (
+    GIB,
+    Limits,
+    MemoryPlan,
+    plan,
+    proposed_batch,
+    resolve_limits,
+)
 from trt_builder.spec import make_spec
 
 LLAMA2_7B = {
@@ -81,9 +88,9 @@ def test_a_spec_that_cannot_fit_is_refused_with_what_would() -> None:
         SpecError,
         match=r"does not fit H100-80GB .* use --tp 2 \(.* GiB of weights per rank\) or --dtype int8",
     ) as info:
-        plan_for(spec, hf)
+        resolve_limits(spec, hf)
     assert "\n" not in str(info.value)
-    fits = plan_for(make_spec(dtype="float16", target_gpu="H100-80GB", tp=2), hf)
+    fits = resolve_limits(make_spec(dtype="float16", target_gpu="H100-80GB", tp=2), hf)[1]
     assert fits.fits and fits.weight_bytes < 70 * GIB
     # 128.5 GiB of weights fit one H200 (141 GiB), with room for a few sequences only
     h200 = _plan(llama2_70b, gpu="H200")
@@ -91,6 +98,34 @@ def test_a_spec_that_cannot_fit_is_refused_with_what_would() -> None:
         h200.weight_bytes / GIB == pytest.approx(128.5, abs=0.1)
         and 1 <= h200.max_sequences(4096) < 8
     )
+
+
+LLAMA2_7B_HF = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "vocab_size": 32000, "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def test_limits_left_open_come_from_the_plan() -> None:
+    # Llama-2-7B float16, max_seq_len 4096 on 80 GB: 29 sequences fit (worked example above),
+    # so max_batch_size 16 (a power of two) and max_num_tokens TensorRT-LLM's 8192
+    spec = make_spec(**{"limits.max_seq_len": 4096})
+    resolved, memory = resolve_limits(spec, LLAMA2_7B_HF)
+    assert (resolved.limits.max_batch_size, resolved.limits.max_num_tokens) == (16, 8192)
+    assert memory.limits == resolved.limits and memory.max_sequences(4096) >= 16
+    assert spec.limits.max_batch_size is None  # the spec itself is frozen, unchanged
+    # INT8 with the INT8 KV cache holds 63: 32
+    int8 = resolve_limits(make_spec(dtype="int8", kv_cache="int8", **{"limits.max_seq_len": 4096}),
+                          LLAMA2_7B_HF)[0]  # fmt: skip
+    assert int8.limits.max_batch_size == 32
+    # what the user set stays; max_num_tokens follows a small batch x short sequences
+    given = make_spec(**{"limits.max_batch_size": 2, "limits.max_seq_len": 1024,
+                         "limits.max_input_len": 512})  # fmt: skip
+    assert resolve_limits(given, LLAMA2_7B_HF)[0].limits.max_num_tokens == 2048
+    # an L4 (24 GB) holds 13.5 GiB of weights and few sequences: 2 of 4096 -> 2
+    l4 = resolve_limits(make_spec(target_gpu="L4", **{"limits.max_seq_len": 4096}), LLAMA2_7B_HF)
+    assert l4[0].limits.max_batch_size == 2 and l4[1].max_sequences(4096) in (2, 3)
 
 
 def test_plan_command(
@@ -107,5 +142,7 @@ def test_plan_command(
     data = json.loads(capsys.readouterr().out)
     assert data["gpu"] == "L4" and data["weight_dtype"] == "int8" and data["kv_dtype"] == "int8"
     assert data["kv_tokens"] > 0 and data["proposed_max_batch_size"] == 256
-    assert main(["plan", "--model", str(tiny_llama)]) == 0
-    assert "KV cache per token" in capsys.readouterr().out
+    assert data["limits"]["max_batch_size"] == 256 and data["limits"]["max_num_tokens"] == 8192
+    assert main(["plan", "--model", str(tiny_llama), "--max-batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache per token" in out and "max_batch_size" in out and "8 (given; 256 fit)" in out

@@ -94,3 +94,17 @@ def test_modes_dispatch_by_dtype() -> None:
         Int8Options(alpha="high")
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):
         WeightOnlyInt8(dtype="float32")
+
+
+def test_the_documented_toml_spec_is_valid(tmp_path: Path) -> None:
+    """docs/cli.md's example spec parses, every key in its place."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    block = re.search(r"## TOML spec\n\n```toml\n(.*?)```", text, re.S)
+    assert block is not None
+    path = tmp_path / "spec.toml"
+    path.write_text(block.group(1))
+    spec = make_spec(load_toml(path))
+    assert spec.dtype == "int8" and spec.kv_cache == "model" and spec.engine.timeout_s == 14400
+    assert spec.limits.max_batch_size == 64 and spec.calibrate.samples == 64

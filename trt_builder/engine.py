@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -106,6 +107,10 @@ def check_release(architecture: str, trtllm_version: str) -> None:
         )
 
 
+#: What the command shows for a limit the memory plan sets, before the model's config is here.
+UNPLANNED = "<from the memory plan>"
+
+
 def build_command(
     spec: BuildSpec,
     checkpoint: Path,
@@ -119,16 +124,20 @@ def build_command(
     reuse and chunked context), so the command says what the engine will be."""
     lim = spec.limits
     kv_int8 = bool(getattr(spec.mode, "kv_int8", False))
+
+    def planned(value: int | None) -> str:  # None: the memory plan decides, once it has the config
+        return UNPLANNED if value is None else str(value)
+
     argv = [
         executable,
         "--checkpoint_dir", str(checkpoint),
         "--output_dir", str(output),
-        "--gemm_plugin", "auto",
+        "--gemm_plugin", spec.engine.gemm_plugin,
         "--gpt_attention_plugin", "auto",
-        "--max_batch_size", str(lim.max_batch_size),
+        "--max_batch_size", planned(lim.max_batch_size),
         "--max_input_len", str(lim.max_input_len),
         "--max_seq_len", str(lim.max_seq_len),
-        "--max_num_tokens", str(lim.max_num_tokens),
+        "--max_num_tokens", planned(lim.max_num_tokens),
         "--max_beam_width", str(lim.max_beam_width),
         "--kv_cache_type", "paged",
         "--tokens_per_block", "32",
@@ -175,10 +184,51 @@ def local_gpus() -> list[str]:
     return [f"{g['name']} (SM {g['sm']})" for g in gpu_info()]
 
 
-def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -> float:
-    """Run trtllm-build, streaming its output to `log_path`; raise EngineError on failure."""
+#: trtllm-build's log lines that start a phase of the build, in the order they come, with
+#: the phase line shown while it lasts ({0} is the pattern's group). The same lines in every
+#: pinned release; with several ranks they interleave, and the line follows the latest.
+PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), label)
+    for pattern, label in (
+        (r"\[TRT-LLM\] \[I\] Set \w+ to ", "reading the checkpoint and flags"),
+        (r"Init builder kernel library|constructing network", "constructing the network"),
+        (r"Build TensorRT engine", "TensorRT is optimizing the engine (the longest phase)"),
+        (r"Engine generation completed in ([\d.]+) seconds", "engine generated in {0} s"),
+        (r"Serializing engine to \S*?(rank\d+)\.engine", "writing {0}.engine"),
+        (r"Total time of building all engines", "all ranks built"),
+    )
+)
+
+
+def phase_of(line: str) -> str | None:
+    """The phase a log line starts, or None."""
+    for pattern, label in PHASES:
+        match = pattern.search(line)
+        if match:
+            return label.format(*match.groups())
+    return None
+
+
+@dataclass
+class BuildRun:
+    """What a finished trtllm-build took: seconds in all, and when each phase began."""
+
+    seconds: float
+    phases: list[tuple[str, float]]  # (phase, seconds since the start)
+
+
+def run_build(
+    argv: list[str],
+    log_path: Path,
+    *,
+    timeout_s: float = 4 * 3600,
+    on_phase: Callable[[str], None] | None = None,
+) -> BuildRun:
+    """Run trtllm-build, streaming its output to `log_path` and each new phase to `on_phase`;
+    raise EngineError on failure, quoting the last lines of the log."""
     start = time.perf_counter()
     tail: deque[str] = deque(maxlen=8)
+    phases: list[tuple[str, float]] = []
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(argv) + "\n")
         log.flush()
@@ -196,6 +246,11 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
             for line in proc.stdout:
                 log.write(line)
                 tail.append(line.rstrip())
+                phase = phase_of(line)
+                if phase is not None and (not phases or phases[-1][0] != phase):
+                    phases.append((phase, round(time.perf_counter() - start, 1)))
+                    if on_phase is not None:
+                        on_phase(phase)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -204,8 +259,11 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            reader.join(timeout=5)
+            last = phases[-1][0] if phases else "before its first phase"
             raise EngineError(
-                f"trtllm-build ran past {timeout_s:.0f} s and was stopped; see {log_path}"
+                f"trtllm-build ran past {timeout_s:.0f} s ({last}) and was stopped; raise "
+                f"--build-timeout if the model needs longer (log: {log_path})"
             ) from None
         finally:
             if proc.poll() is None:  # interrupted: never leave a build running
@@ -217,7 +275,17 @@ def run_build(argv: list[str], log_path: Path, *, timeout_s: float = 4 * 3600) -
         raise EngineError(
             f"trtllm-build exited with {code}; last lines: {last} (full log: {log_path})"
         )
-    return time.perf_counter() - start
+    return BuildRun(time.perf_counter() - start, phases)
+
+
+def check_gemm_plugin(gemm_plugin: str, checkpoint_dtype: str) -> None:
+    """An explicit --gemm-plugin must be the checkpoint's activation dtype (a GEMM plugin of
+    another dtype fails inside TensorRT, after the network is built)."""
+    if gemm_plugin not in ("auto", checkpoint_dtype):
+        raise EngineError(
+            f"--gemm-plugin {gemm_plugin} does not match the checkpoint's {checkpoint_dtype} "
+            f"activations: use --gemm-plugin auto (or {checkpoint_dtype})"
+        )
 
 
 #: The engine manifest trt-builder writes beside rank*.engine (TensorRT-LLM's config.json

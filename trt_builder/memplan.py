@@ -34,6 +34,8 @@ TOKENS_PER_BLOCK = 32
 OVERHEAD_BYTES = 1 * GIB
 #: Largest max_batch_size the plan proposes (beyond it, scheduling rather than memory limits).
 MAX_PROPOSED_BATCH = 256
+#: TensorRT-LLM's default max_num_tokens (it warns beyond 16384: no gain, a risk of overflow).
+DEFAULT_MAX_NUM_TOKENS = 8192
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -140,8 +142,9 @@ def activation_bytes(shape: ModelShape, tp: int, dtype: str, limits: Limits) -> 
     qkv_out = (shape.heads // tp + 2 * _kv_heads_per_rank(shape, tp)) * shape.head
     per_token = 4 * shape.hidden + qkv_out + shape.heads // tp * shape.head
     per_token += (2 if shape.gated else 1) * shape.intermediate // tp
-    tokens = limits.max_num_tokens
-    logits = limits.max_batch_size * limits.max_beam_width * shape.vocab // tp * 4
+    tokens, batch = limits.max_num_tokens, limits.max_batch_size
+    assert tokens is not None and batch is not None  # plan() takes resolved limits only
+    logits = batch * limits.max_beam_width * shape.vocab // tp * 4
     return 2 * tokens * per_token * act + logits
 
 
@@ -156,7 +159,9 @@ def plan(
     kv_int8: bool,
     limits: Limits,
 ) -> MemoryPlan:
-    """The memory plan of a model (its TensorRT-LLM config) on `gpu`."""
+    """The memory plan of a model (its TensorRT-LLM config) on `gpu`, for resolved limits."""
+    if not limits.resolved:
+        raise ValueError("internal: plan() needs resolved limits (memplan.resolve_limits)")
     shape = ModelShape.from_config(config)
     spec: GpuSpec = GPUS[gpu]
     kv_dtype = "int8" if kv_int8 else dtype
@@ -228,14 +233,45 @@ def alternatives(config: dict[str, Any], memory: MemoryPlan, *, gpu_count: int =
     return found
 
 
+def resolve_limits(spec: Any, hf_config: dict[str, Any]) -> tuple[Any, MemoryPlan]:
+    """The spec with the limits it left to the plan filled in, and the plan of those limits.
+
+    max_batch_size: the sequences of max_seq_len that the KV cache holds at once (a power of
+    two, at most MAX_PROPOSED_BATCH). With Triton's default scheduler (guaranteed_no_evict) a
+    request is admitted only when its whole max_seq_len fits, so a larger batch would never run.
+    max_num_tokens: TensorRT-LLM's default 8192, or less when max_batch_size x max_seq_len is
+    less. A larger batch needs more logits memory: it is halved until its plan holds it."""
+    lim = spec.limits
+
+    def limits_for(batch: int) -> Limits:
+        tokens = lim.max_num_tokens or min(DEFAULT_MAX_NUM_TOKENS, batch * lim.max_seq_len)
+        return replace(lim, max_batch_size=batch, max_num_tokens=tokens)
+
+    memory = plan_for(replace(spec, limits=limits_for(lim.max_batch_size or 1)), hf_config)
+    if lim.max_batch_size is None:
+        config = _trtllm_config(hf_config)
+        batch = proposed_batch(memory)
+        while True:
+            memory = _replan(config, memory, limits=limits_for(batch))
+            if batch == 1 or memory.max_sequences(lim.max_seq_len) >= batch:
+                break
+            batch //= 2
+    return replace(spec, limits=memory.limits), memory
+
+
+def _trtllm_config(hf_config: dict[str, Any]) -> dict[str, Any]:
+    from .models import family_for
+
+    return family_for(hf_config).config(hf_config)
+
+
 def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
     """The plan of a build spec for a model's HF config; refuses (SpecError) a spec that
     cannot hold one sequence of max_seq_len, naming what would."""
     from .errors import SpecError
-    from .models import family_for
     from .quant import SmoothQuant, WeightOnlyInt8
 
-    config = family_for(hf_config).config(hf_config)
+    config = _trtllm_config(hf_config)
     mode = spec.mode
     dtype = mode.dtype if mode.dtype in _DTYPE_BYTES else "float16"  # auto: float16 at most
     lim = spec.limits

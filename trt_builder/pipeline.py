@@ -16,7 +16,7 @@ from filelock import FileLock, Timeout
 
 from . import __version__
 from .digests import DigestCache
-from .errors import InputError, LockBusy, VerifyFailed
+from .errors import InputError, LockBusy, SpecError, VerifyFailed
 from .fsio import write_json
 from .layout import Layout
 from .source import resolve_source
@@ -47,7 +47,9 @@ STAGES: tuple[Stage, ...] = (
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
-Listener = Callable[[str, str, StageRecord | None], None]  # (event, stage name, record)
+#: (event, stage name, record): "start", "end" (the record), "abort", and "progress" with the
+#: running stage's phase line as text.
+Listener = Callable[[str, str, StageRecord | str | None], None]
 
 
 @dataclass
@@ -85,25 +87,34 @@ def _engine_plan(ctx: BuildContext) -> dict[str, Any]:
     import shlex
 
     from .engine import build_command
-    from .errors import SpecError
-    from .fetch import read_hf_config
-    from .memplan import plan_for
 
     layout = ctx.layout
     command = shlex.join(
         build_command(ctx.spec, layout.checkpoint.resolve(), layout.engine.resolve())
     )
     plan: dict[str, Any] = {"command": command, "target_gpu": ctx.spec.target_gpu}
-    if not (layout.hf / "config.json").is_file():
+    if ctx.memory is not None:
+        plan["memory"] = ctx.memory.to_json()
+    elif not (layout.hf / "config.json").is_file():
         plan["memory"] = "after fetch: the model's config is not here yet"
-        return plan
-    try:
-        memory = plan_for(ctx.spec, read_hf_config(layout.hf))
-    except SpecError as exc:
-        plan["memory"] = f"does not fit: {exc}"
-        return plan
-    plan["memory"] = memory.to_json()
     return plan
+
+
+#: Stages that use the engine's build limits.
+_USE_LIMITS = ("engine", "package")
+
+
+def _resolve_limits(ctx: BuildContext, only: tuple[str, ...]) -> None:
+    """Fill in the limits the spec leaves to the memory plan, once the model's config is here,
+    and refuse a spec that does not fit the target GPU (before any work after fetch)."""
+    if ctx.memory is not None or not set(_USE_LIMITS) & set(only):
+        return
+    if not (ctx.layout.hf / "config.json").is_file():
+        return
+    from .fetch import read_hf_config
+    from .memplan import resolve_limits
+
+    ctx.spec, ctx.memory = resolve_limits(ctx.spec, read_hf_config(ctx.layout.hf))
 
 
 def prepare(spec: BuildSpec, *, force: bool = False) -> BuildContext:
@@ -200,14 +211,31 @@ def run(
     emit = listener or (lambda *_: None)
     try:
         if dry_run:
+            refusal = None
+            try:
+                _resolve_limits(ctx, only)
+            except SpecError as exc:  # a dry run reports it, it does not refuse
+                refusal = f"does not fit: {exc}"
             result.records = [_plan(stage, ctx) for stage in STAGES if _wanted(stage, ctx, only)]
             if "engine" in only:
                 result.engine_plan = _engine_plan(ctx)
+                if refusal:
+                    result.engine_plan["memory"] = refusal
+            elif refusal:
+                ctx.notices.append(refusal)
             return result
         with _locked(ctx.layout.lock, lock_timeout):
             for stage in STAGES:
                 if not _wanted(stage, ctx, only):
                     continue
+                if stage.name != "fetch":
+                    _resolve_limits(ctx, only)
+                if stage.name in _USE_LIMITS and not ctx.spec.limits.resolved:
+                    raise InputError(
+                        f"{stage.name} needs the model's config.json in {ctx.layout.hf} for its "
+                        "memory plan: run trt-builder fetch (or build) first, or set "
+                        "--max-batch-size and --max-num-tokens"
+                    )
                 missing = _missing_inputs(stage, ctx)
                 if missing:
                     raise InputError(
@@ -217,6 +245,7 @@ def run(
                 if getattr(stage, "needs_verified_checkpoint", False):
                     _check_verified(stage, ctx)
                 emit("start", stage.name, None)
+                ctx.progress = _progress(emit, stage.name)
                 out = stage.output_dir(ctx)
                 # Outputs shared between variants (hf/) need a lock of their own.
                 try:
@@ -240,9 +269,14 @@ def run(
     finally:
         if not dry_run:  # a dry run leaves the disk as it found it
             ctx.digests.save()
+        result.spec = ctx.spec  # with the limits the memory plan set
         result.hashed_bytes = ctx.digests.hashed_bytes
         result.seconds = time.perf_counter() - start
     return result
+
+
+def _progress(emit: Listener, name: str) -> Callable[[str], None]:
+    return lambda text: emit("progress", name, text)
 
 
 def _wanted(stage: Stage, ctx: BuildContext, only: tuple[str, ...]) -> bool:
@@ -269,7 +303,8 @@ def _check_verified(stage: Stage, ctx: BuildContext) -> None:
 
 
 def _plan(stage: Stage, ctx: BuildContext) -> StageRecord:
-    if _missing_inputs(stage, ctx):
+    unplanned = stage.name in _USE_LIMITS and not ctx.spec.limits.resolved
+    if unplanned or _missing_inputs(stage, ctx):
         return StageRecord(stage.name, "would run", output=str(stage.output_dir(ctx)))
     record = plan_stage(stage, ctx)
     if record.status == "pending":

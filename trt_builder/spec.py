@@ -25,17 +25,21 @@ SPEC_VERSION = 1
 
 @dataclass(frozen=True)
 class BuildLimits:
-    """Engine build limits (trtllm-build --max_*)."""
+    """Engine build limits (trtllm-build --max_*). None: from the memory plan once the model's
+    config is known (memplan.resolve_limits): the sequences of max_seq_len that the target GPU's
+    KV cache holds at once, and TensorRT-LLM's 8192 tokens a step at most."""
 
-    max_batch_size: int = 8
+    max_batch_size: int | None = None
     max_input_len: int = 1024
     max_seq_len: int = 2048
-    max_num_tokens: int = 4096
+    max_num_tokens: int | None = None
     max_beam_width: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"limits.{f.name} must be a positive integer, got {value!r}")
         if self.max_input_len > self.max_seq_len:
@@ -43,6 +47,31 @@ class BuildLimits:
                 f"limits.max_input_len ({self.max_input_len}) exceeds max_seq_len "
                 f"({self.max_seq_len}): raise max_seq_len or lower max_input_len"
             )
+
+    @property
+    def resolved(self) -> bool:
+        return self.max_batch_size is not None and self.max_num_tokens is not None
+
+
+#: --gemm-plugin choices: auto is the checkpoint's activation dtype.
+GEMM_PLUGINS = ("auto", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How trtllm-build runs: the GEMM plugin's dtype, and how long the build may take."""
+
+    gemm_plugin: str = "auto"
+    timeout_s: int = 4 * 3600
+
+    def __post_init__(self) -> None:
+        if self.gemm_plugin not in GEMM_PLUGINS:
+            raise SpecError(
+                f"engine.gemm_plugin {self.gemm_plugin!r} is not one of {', '.join(GEMM_PLUGINS)}"
+            )
+        value = self.timeout_s
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpecError(f"engine.timeout_s must be a positive number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +189,7 @@ class BuildSpec:
     tp: int = 1
     pp: int = 1
     limits: BuildLimits = field(default_factory=BuildLimits)
+    engine: EngineOptions = field(default_factory=EngineOptions)
     target_gpu: str = "H100-80GB"
     out: Path = Path("engines")
     triton_root: Path = Path("triton_repo")
@@ -183,7 +213,13 @@ class BuildSpec:
             raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
-        self.mode  # noqa: B018  (refuses a --kv-cache / --dtype combination that does not exist)
+        mode = self.mode  # refuses a --kv-cache / --dtype combination that does not exist
+        gemm = self.engine.gemm_plugin
+        if gemm != "auto" and mode.dtype != "auto" and gemm != mode.dtype:
+            raise SpecError(
+                f"--gemm-plugin {gemm} does not match the {mode.dtype} activations of "
+                f"--dtype {self.dtype}: use --gemm-plugin auto (or {mode.dtype})"
+            )
 
     @property
     def mode(self) -> QuantMode:
@@ -211,6 +247,7 @@ class BuildSpec:
 
 _SECTIONS = {
     "limits": BuildLimits,
+    "engine": EngineOptions,
     "verify": VerifyOptions,
     "calibrate": CalibrationOptions,
     "int8": Int8Options,

@@ -258,12 +258,13 @@ def plan_command(**kwargs: Any) -> None:
       trt-builder plan --model meta-llama/Llama-2-7b-hf --dtype int8 --target-gpu A100-80GB
     """
     from ..fetch import read_hf_config
-    from ..memplan import GIB, plan_for, proposed_batch
+    from ..memplan import GIB, proposed_batch, resolve_limits
 
     as_json = kwargs["as_json"]
     spec = _spec_from(dict(kwargs))
     result = run(spec, only=("fetch",))
-    memory = plan_for(spec, read_hf_config(Path(result.layout.hf)))
+    _, memory = resolve_limits(spec, read_hf_config(Path(result.layout.hf)))
+    source = {True: "from the plan", False: "given"}
     if as_json:
         data = {"ok": True, **memory.to_json()}
         click.echo(json.dumps(data, indent=2))
@@ -277,7 +278,9 @@ def plan_command(**kwargs: Any) -> None:
         ("KV cache per token", f"{memory.kv_bytes_per_token / 1024:.1f} KiB ({memory.kv_dtype})"),
         ("KV cache (0.9 of the rest)", f"{memory.kv_budget_bytes / GIB:.2f} GiB = {memory.kv_tokens} tokens"),
         (f"sequences of {lim.max_seq_len} tokens at once", str(memory.max_sequences(lim.max_seq_len))),
-        ("proposed --max-batch-size", str(proposed_batch(memory))),
+        ("max_batch_size", f"{lim.max_batch_size} ({source[spec.limits.max_batch_size is None]}; "
+                           f"{proposed_batch(memory)} fit)"),
+        ("max_num_tokens", f"{lim.max_num_tokens} ({source[spec.limits.max_num_tokens is None]})"),
     ]  # fmt: skip
     for label, value in rows:
         click.echo(f"{label:<34} {value}")

@@ -13,6 +13,30 @@ from ..quant import DTYPE_CHOICES
 
 F = Callable[..., Any]
 
+
+class Duration(click.ParamType):
+    """Seconds, or a number with s, m or h: 90m, 4h."""
+
+    name = "duration"
+    _UNITS = {"s": 1, "m": 60, "h": 3600}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        unit = self._UNITS.get(text[-1:], None)
+        number = text[:-1] if unit else text
+        try:
+            seconds = float(number) * (unit or 1)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: give seconds, or e.g. 90m or 4h", param, ctx)
+        if seconds < 1:
+            self.fail(f"{value!r} is too short: give at least 1 second", param, ctx)
+        return int(seconds)
+
+
+DURATION = Duration()
+
 SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--config",
@@ -35,7 +59,7 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--kv-cache",
         type=click.Choice(["model", "int8"]),
-        help="KV cache precision: the model dtype (default) or int8 (calibrated; with --dtype int8).",
+        help="KV cache precision: the model dtype (default) or int8 (calibrated; with any --dtype).",
     ),
     click.option(
         "--sq-alpha", type=float, help="SmoothQuant alpha for --dtype int8 (default 0.5)."
@@ -60,9 +84,29 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         type=click.Choice(sorted(GPUS)),
         help="GPU the engine is built for (default H100-80GB).",
     ),
-    click.option("--max-batch-size", type=int, help="Engine limit (default 8)."),
+    click.option(
+        "--max-batch-size",
+        type=int,
+        help="Engine limit (default: the sequences of max-seq-len that fit the target GPU, "
+        "from the memory plan).",
+    ),
     click.option("--max-input-len", type=int, help="Engine limit (default 1024)."),
     click.option("--max-seq-len", type=int, help="Engine limit (default 2048)."),
+    click.option(
+        "--max-num-tokens",
+        type=int,
+        help="Engine limit: tokens in one step (default 8192, or batch x max-seq-len if less).",
+    ),
+    click.option(
+        "--gemm-plugin",
+        type=click.Choice(["auto", "float16", "bfloat16"]),
+        help="trtllm-build --gemm_plugin (default auto: the checkpoint's activation dtype).",
+    ),
+    click.option(
+        "--build-timeout",
+        type=DURATION,
+        help="Stop trtllm-build after this long: seconds, or 90m, 4h (default 4h).",
+    ),
     click.option(
         "--device",
         type=click.Choice(["auto", "cpu", "cuda"]),
@@ -144,7 +188,9 @@ SPEC_KEYS: dict[str, str] = {
     "model": "model", "revision": "revision", "dtype": "dtype", "tp": "tp", "pp": "pp", "out": "out",
     "triton_root": "triton_root", "target_gpu": "target_gpu", "allow_pickle": "allow_pickle",
     "require_engine": "require_engine", "max_batch_size": "limits.max_batch_size",
-    "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len", "device": "verify.device",
+    "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len",
+    "max_num_tokens": "limits.max_num_tokens", "gemm_plugin": "engine.gemm_plugin",
+    "build_timeout": "engine.timeout_s", "device": "verify.device",
     "min_top1": "verify.min_top1", "max_kl": "verify.max_kl", "max_ppl_delta": "verify.max_ppl_delta_pct",
     "heldout_tokens": "verify.heldout_tokens", "calib_dataset": "calibrate.dataset",
     "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,23 @@ class StageProgress:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.status: Status | None = None
+        self.started = time.monotonic()
 
-    def __call__(self, event: str, name: str, record: StageRecord | None) -> None:
+    def __call__(self, event: str, name: str, record: StageRecord | str | None) -> None:
         if event == "start":
             self.status = self.console.status(f"[bold]{name}[/] running…")
             self.status.start()
+            self.started = time.monotonic()
             return
+        if event == "progress":  # the phase line of a long stage (trtllm-build's phases)
+            elapsed = time.monotonic() - self.started
+            line = f"[bold]{name}[/] {escape(str(record))} [dim](at {elapsed:.0f} s)[/]"
+            if self.console.is_terminal and self.status is not None:
+                self.status.update(line)
+            else:  # a CI log: one line per phase
+                self.console.print(f"  {line}")
+            return
+        assert not isinstance(record, str)
         if self.status is not None:
             self.status.stop()
             self.status = None
@@ -112,7 +124,9 @@ def summary(console: Console, result: BuildResult) -> None:
                 f"memory plan on {memory['gpu']} per rank: weights {gib['weight_bytes']} GiB, "
                 f"activations ~{gib['activation_bytes']} GiB, KV cache {gib['kv_budget_bytes']} GiB "
                 f"= {memory['kv_tokens']} tokens, {memory['max_sequences_at_max_seq_len']} sequences "
-                f"of {memory['limits']['max_seq_len']} at once",
+                f"of {memory['limits']['max_seq_len']} at once; max_batch_size "
+                f"{memory['limits']['max_batch_size']}, max_num_tokens "
+                f"{memory['limits']['max_num_tokens']}",
                 markup=False, soft_wrap=True,
             )  # fmt: skip
     if not result.dry_run:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -39,6 +40,8 @@ class BuildContext:
     digests: DigestCache
     force: bool = False
     notices: list[str] = field(default_factory=list)
+    memory: Any = None  # the engine's memory plan (memplan.MemoryPlan), once limits are resolved
+    progress: Callable[[str], None] = lambda _text: None  # a running stage's phase line
 
 
 @dataclass

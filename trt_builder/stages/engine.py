@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from ..engine import (
     RELEASES,
     build_command,
+    check_gemm_plugin,
     check_release,
     find_toolchain,
     local_gpus,
@@ -57,10 +58,9 @@ class EngineStage:
                     f"{NOT_INSTALLED} and --require-engine is set: run on a GPU host with TensorRT-LLM: {command}"
                 )
             raise StageSkipped(f"skipped: {NOT_INSTALLED}", {"command": command})
-        architecture = json.loads((ctx.layout.checkpoint / "config.json").read_text())[
-            "architecture"
-        ]
-        check_release(architecture, toolchain.trtllm_version)
+        config = json.loads((ctx.layout.checkpoint / "config.json").read_text())
+        check_release(config["architecture"], toolchain.trtllm_version)
+        check_gemm_plugin(ctx.spec.engine.gemm_plugin, config["dtype"])
         release = (
             RELEASES[-1]
             if toolchain.trtllm_version == "absent"
@@ -74,7 +74,7 @@ class EngineStage:
             release=release,
         )
         log = ctx.layout.variant_dir / "engine-build.log"
-        seconds = run_build(argv, log)
+        build = run_build(argv, log, timeout_s=ctx.spec.engine.timeout_s, on_phase=ctx.progress)
         if not list(work.glob("rank*.engine")):
             raise EngineError(
                 f"trtllm-build finished but wrote no rank*.engine into the output; see {log}"
@@ -92,6 +92,8 @@ class EngineStage:
             "executable": toolchain.executable,
             "build_gpus": local_gpus(),
             "tensorrt_llm": toolchain.trtllm_version,
-            "build_seconds": round(seconds, 1),
+            "build_seconds": round(build.seconds, 1),
+            "phases": [{"phase": phase, "at_s": at} for phase, at in build.phases],
             "log": str(log),
+            "memory_plan": ctx.memory.to_json() if ctx.memory is not None else None,
         }

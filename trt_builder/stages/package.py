@@ -86,6 +86,7 @@ class PackageStage:
 
     def options(self, ctx: BuildContext) -> RepositoryOptions:
         lim = ctx.spec.limits
+        assert lim.max_batch_size is not None  # the pipeline resolved it from the memory plan
         return RepositoryOptions(
             max_batch_size=lim.max_batch_size,
             max_input_len=lim.max_input_len,
