@@ -413,3 +413,19 @@ def test_engine_phases_show_as_lines_in_a_ci_log(
     assert phases[0].startswith("engine reading the checkpoint and flags (at ")
     assert any(p.startswith("engine TensorRT is optimizing the engine") for p in phases)
     assert phases[-1].startswith("engine all ranks built")
+
+
+def test_package_check_validates_an_existing_repository(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [*_common(tiny_llama, tmp_path), "--dtype", "float32"]
+    assert _cli(capsys, "build", *common, "--json")[0] == 0
+    repo = next((tmp_path / "triton").glob("*-float32-tp1-pp1"))
+    code, result, _ = _cli(capsys, "package", "--check", str(repo), "--json")
+    assert code == 0 and result is not None and result["info"]["version"] == 1
+    assert result["models"] == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
+    config = repo / "ensemble" / "config.pbtxt"
+    config.write_text(config.read_text().replace('key: "TOKENS_BATCH"', 'key: "TOKENS"', 1))
+    code, _, err = _cli(capsys, "package", "--check", str(repo))
+    assert code == 8 and "ensemble ensemble: postprocessing has no input 'TOKENS'" in err
+    assert len(err.strip().splitlines()) == 1

@@ -250,7 +250,9 @@ def test_engine_from_an_older_checkpoint_is_not_packaged(
     assert (result.layout.engine / "rank0.engine").is_file()  # the user's engine is kept ...
     assert _record(result, "package").details["engine_included"] is False  # ... but not shipped
     assert any("built from another checkpoint" in n for n in result.notices)
-    assert not (result.layout.triton / "tensorrt_llm" / "1" / "engine").exists()
+    version = _record(result, "package").details["version"]
+    assert version == 2 and (result.layout.triton / "tensorrt_llm" / "2").is_dir()
+    assert not (result.layout.triton / "tensorrt_llm" / "2" / "engine").exists()
 
 
 @pytest.mark.integration
@@ -262,13 +264,25 @@ def test_hand_built_engine_is_packaged_only_when_it_matches(
     engine = result.layout.engine
     engine.mkdir()
     (engine / "rank0.engine").write_bytes(b"hand-built")
+    build = {"max_batch_size": 2, "max_input_len": 100, "max_seq_len": 200, "max_num_tokens": 400,
+             "max_beam_width": 1, "kv_cache_type": "PAGED",
+             "plugin_config": {"use_paged_context_fmha": True}}  # fmt: skip
     (engine / "config.json").write_text(
-        json.dumps({"pretrained_config": {**checkpoint, "hidden_size": 4096}})
+        json.dumps(
+            {"pretrained_config": {**checkpoint, "hidden_size": 4096}, "build_config": build}
+        )
     )
     assert _record(run(_spec(tiny_llama, tmp_path)), "package").details["engine_included"] is False
-    (engine / "config.json").write_text(json.dumps({"pretrained_config": checkpoint}))
+    (engine / "config.json").write_text(
+        json.dumps({"pretrained_config": checkpoint, "build_config": build})
+    )
     package = _record(run(_spec(tiny_llama, tmp_path)), "package")
     assert package.status == "ran" and package.details["engine_included"] is True
+    # the repository takes the engine's own limits, not the spec's
+    llm = (result.layout.triton / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "max_batch_size: 2" in llm and 'string_value: "200"' not in llm
+    pre = (result.layout.triton / "preprocessing" / "config.pbtxt").read_text()
+    assert 'key: "max_input_len"\n  value {\n    string_value: "100"' in pre
 
 
 @pytest.mark.integration

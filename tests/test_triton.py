@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from trt_builder.triton.repository import RepositoryOptions, validate_repository
 OPTS = RepositoryOptions(
     max_batch_size=4,
     max_input_len=64,
+    max_seq_len=128,
     max_beam_width=1,
     engine_path="/models/x/tensorrt_llm/1/engine",
 )
@@ -77,6 +79,12 @@ def _edit(repo: Path, model: str, old: str, new: str) -> None:
             "max_batch_size: 4",
             "max_batch_size: four",
             "tensorrt_llm/config.pbtxt does not parse as Triton's ModelConfig",
+        ),
+        (
+            "tensorrt_llm",
+            'name: "input_ids"\n  data_type: TYPE_INT32\n  dims: -1',
+            'name: "input_ids"\n  data_type: TYPE_INT32\n  dims: -1\n  dims: -1',
+            "'_INPUT_ID' has dims [-1] but tensorrt_llm.input_ids takes [-1, -1]",
         ),
         (
             "preprocessing",
@@ -192,3 +200,223 @@ def test_preprocessing_handles_a_batch_and_the_generation_config_end_id(
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": [5, 2]}')
     assert pre.default_end_id(tok, tmp_path) == 5
     assert pre.default_end_id(tok, tmp_path / "none") == tok.eos_token_id
+
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {
+            "role": "user",
+            "content": "Ünïcödé: naïve café, 日本語のテキスト, emoji 🦊🚀, Ωμέγα — “quotes”",
+        }
+    ],
+    [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Name a prime number."},
+        {"role": "assistant", "content": "Seven is prime."},
+        {"role": "user", "content": "And an even one?"},
+    ],
+    [{"role": "user", "content": " ".join(["The quick brown fox jumps over the lazy dog."] * 120)}],
+    [{"role": "user", "content": "<|im_start|> tokens typed by a user, and\ttabs\nnewlines  "}],
+]
+
+
+@pytest.mark.integration
+def test_preprocessing_matches_apply_chat_template_on_smollm2(
+    smollm2_hf: Path, tmp_path: Path
+) -> None:
+    """The real SmolLM2 tokenizer and chat template: the sandboxed rendering and encoding
+    give exactly apply_chat_template(add_generation_prompt=True, tokenize=True)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_hf)
+    assert tok.chat_template
+    root = tmp_path / "repo"
+    root.mkdir()
+    write_repository(
+        root, OPTS, [p for p in smollm2_hf.iterdir() if p.suffix != ".safetensors"], None
+    )
+    pre = _module(root, "preprocessing")
+    env = pre.chat_environment()
+    for chat in CHATS:
+        want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        want = list(want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want)
+        got = pre.encode_chat(tok, pre.parse_messages(json.dumps(chat)), max_input_len=0,
+                              environment=env)  # fmt: skip
+        assert got == want, chat[0]["content"][:40]
+        assert pre.render_chat(tok, chat, environment=env) == tok.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=False
+        )
+    # plain text: encode with the tokenizer's special tokens, as transformers does
+    text = "Ünïcödé 🦊 and plain words"
+    assert pre.encode_query(tok, text, add_special_tokens=True, max_input_len=0) == tok.encode(text)
+    # the whole request path, batch of two chats
+    out = pre.preprocess(
+        tok,
+        {"MESSAGES": np.array([[json.dumps(CHATS[0]).encode()], [json.dumps(CHATS[2]).encode()]],
+                              dtype=object),
+         "REQUEST_OUTPUT_LEN": np.array([[8], [8]], dtype=np.int32)},
+        add_special_tokens=True, max_input_len=1024, end_id=2, pad_id=2, max_seq_len=2048,
+    )  # fmt: skip
+    first = tok.apply_chat_template(CHATS[0], add_generation_prompt=True, tokenize=True)
+    first = list(first["input_ids"] if hasattr(first, "keys") else first)
+    assert out["REQUEST_INPUT_LEN"][0, 0] == len(first)
+    assert out["INPUT_ID"][0, : len(first)].tolist() == first
+
+
+def test_bad_requests_get_clear_errors(repo: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
+    pre = _module(repo, "preprocessing")
+
+    def request(**inputs: object) -> dict:
+        base = {"REQUEST_OUTPUT_LEN": np.array([[8]], dtype=np.int32)}
+        arrays = {k: np.array([[v]], dtype=object if isinstance(v, bytes) else np.int32)
+                  for k, v in inputs.items()}  # fmt: skip
+        return pre.preprocess(tok, {**base, **arrays}, add_special_tokens=True, max_input_len=64,
+                              end_id=2, pad_id=0, max_seq_len=70)  # fmt: skip
+
+    cases = [
+        ({}, r"send one of text_input \(plain text\) and messages"),
+        ({"QUERY": b"hi", "MESSAGES": b"[]"}, "send one of text_input"),
+        ({"QUERY": b"   "}, "empty prompt"),
+        ({"QUERY": "fox ".join([""] * 200).encode()}, "the engine accepts at most 64"),
+        ({"MESSAGES": b"not json"}, "messages is not JSON"),
+        ({"MESSAGES": b'[{"content": "x"}]'}, 'messages\\[0\\] needs a "role"'),
+        ({"MESSAGES": b"[]"}, "non-empty JSON list"),
+        ({"QUERY": b"The quick brown fox", "REQUEST_OUTPUT_LEN": 68}, "exceeds the engine's max_seq_len 70"),
+        ({"QUERY": b"The quick brown fox", "REQUEST_OUTPUT_LEN": 0}, "ask for at least 1 token"),
+    ]  # fmt: skip
+    for inputs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            request(**inputs)
+
+
+def test_chat_templates_run_sandboxed(repo: Path) -> None:
+    from jinja2.exceptions import SecurityError, TemplateError
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
+    pre = _module(repo, "preprocessing")
+    chat = [{"role": "user", "content": "hi"}]
+    tok.chat_template = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(SecurityError):
+        pre.render_chat(tok, chat)
+    tok.chat_template = "{{ raise_exception('only user turns') }}"
+    with pytest.raises(TemplateError, match="only user turns"):
+        pre.render_chat(tok, chat)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template: send text_input instead"):
+        pre.render_chat(tok, chat)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("dtype", "tp"), [("float16", 1), ("float16", 2), ("int8", 1), ("int8", 2)]
+)
+def test_packaged_repositories_validate_and_publish_versions(
+    tiny_llama: Path, tmp_path: Path, dtype: str, tp: int
+) -> None:
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+    from trt_builder.triton.repository import INFO, current_version, published_versions
+
+    def build(**flags: object):  # type: ignore[no-untyped-def]
+        spec = make_spec(model=str(tiny_llama), dtype=dtype, tp=tp, out=tmp_path / "engines",
+                         triton_root=tmp_path / "triton", **flags)  # fmt: skip
+        return run(spec, only=("fetch", "calibrate", "convert", "package"))
+
+    result = build()
+    link = result.layout.triton
+    assert link.is_symlink() and current_version(link) == 1
+    configs = validate_repository(link)
+    info = json.loads((link / INFO).read_text())
+    assert info["world_size"] == tp and info["engine_included"] is False
+    llm = configs["tensorrt_llm"].parameters
+    assert (
+        llm["gpt_model_path"].string_value
+        == f"{link.resolve().parents[2]}/{link.name}/tensorrt_llm/1/engine"
+    )
+    assert llm["enable_chunked_context"].string_value == "true"  # paged context FMHA is on
+    assert configs["tensorrt_llm"].max_batch_size == result.spec.limits.max_batch_size
+    assert not configs["tensorrt_llm"].model_transaction_policy.decoupled
+    # the launch command: one tritonserver, or mpirun with a rank per GPU (leader mode)
+    from trt_builder.triton.serve import serve_command
+
+    argv = serve_command(link)
+    served = f"--model-repository={link.resolve().parents[2]}/{link.name}"
+    ranks = [r for r in " ".join(argv).split(" : ")]
+    assert len(ranks) == tp and all(served in r and "--strict-readiness=true" in r for r in ranks)
+    assert "--load-model=ensemble" in ranks[0] and "--exit-on-error=true" in ranks[0]
+    assert (argv[0] == "tritonserver") == (tp == 1)
+    if tp == 2:
+        assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "tritonserver"]
+        assert "--load-model=tensorrt_llm" in ranks[1] and "--load-model=ensemble" not in ranks[1]
+        assert "shm-region-prefix-name=prefix1_" in ranks[1]
+    # unchanged: no new version; a changed [triton] table: version 2, then 3; keep 2
+    assert build().records[-1].status == "cached" and current_version(link) == 1
+    build(**{"triton.streaming": True, "triton.keep": 2})
+    assert current_version(link) == 2
+    assert validate_repository(link)["tensorrt_llm"].model_transaction_policy.decoupled
+    build(**{"triton.kv_cache_free_gpu_mem_fraction": 0.8, "triton.keep": 2})
+    assert current_version(link) == 3 and published_versions(link) == [2, 3]
+    assert (link / "tensorrt_llm" / "3").is_dir() and not (link / "tensorrt_llm" / "2").exists()
+    assert not [p for p in link.parent.iterdir() if ".tmp-" in p.name]
+    # served from a container that mounts the Triton root at /models
+    build(**{"triton.serve_root": "/models", "triton.keep": 2})
+    assert f"--model-repository=/models/{link.name}" in serve_command(link)
+
+
+@pytest.mark.integration
+def test_a_failed_publish_leaves_the_current_version(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trt_builder.pipeline import run
+    from trt_builder.spec import make_spec
+    from trt_builder.stages import package as package_stage
+    from trt_builder.triton.repository import current_version
+
+    def spec(**flags: object):  # type: ignore[no-untyped-def]
+        return make_spec(model=str(tiny_llama), dtype="float32", out=tmp_path / "engines",
+                         triton_root=tmp_path / "triton", **flags)  # fmt: skip
+
+    link = run(spec(), only=("fetch", "convert", "package")).layout.triton
+    before = sorted(p.relative_to(link.parent) for p in link.parent.rglob("*"))
+
+    def broken(work: Path, *args: object) -> None:
+        (work / "ensemble").mkdir()
+        (work / "ensemble" / "config.pbtxt").write_text("half written")
+        raise PackageError("injected failure while writing")
+
+    monkeypatch.setattr(package_stage, "write_repository", broken)
+    with pytest.raises(PackageError, match="injected"):
+        run(spec(**{"triton.streaming": True}), only=("package",))
+    assert current_version(link) == 1
+    assert sorted(p.relative_to(link.parent) for p in link.parent.rglob("*")) == before
+    validate_repository(link)
+
+
+def test_options_follow_the_engine_config() -> None:
+    from trt_builder.triton.repository import options_from_engine
+
+    engine = {
+        "pretrained_config": {"mapping": {"world_size": 4, "tp_size": 2, "pp_size": 2}},
+        "build_config": {"max_batch_size": 64, "max_input_len": 512, "max_seq_len": 1024,
+                         "max_beam_width": 2, "kv_cache_type": "PAGED",
+                         "plugin_config": {"use_paged_context_fmha": False}},
+    }  # fmt: skip
+    opts = options_from_engine(engine, engine_path="/models/e", version=5, decoupled=True,
+                               kv_cache_free_gpu_mem_fraction=0.85)  # fmt: skip
+    assert (opts.max_batch_size, opts.max_input_len, opts.max_seq_len, opts.max_beam_width) == (
+        64,
+        512,
+        1024,
+        2,
+    )
+    assert opts.world_size == 4 and opts.version == 5 and opts.decoupled
+    # the INT8 KV cache turns paged context FMHA off: no chunked context, no KV reuse
+    assert not opts.enable_chunked_context and not opts.enable_kv_cache_reuse
+    with pytest.raises(PackageError, match="lacks what the repository needs.*rebuild the engine"):
+        options_from_engine({"pretrained_config": {}}, engine_path="/e", version=1,
+                            decoupled=False, kv_cache_free_gpu_mem_fraction=0.9)  # fmt: skip

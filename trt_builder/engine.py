@@ -154,6 +154,26 @@ def build_command(
     return argv
 
 
+def planned_engine_config(spec: BuildSpec, checkpoint_config: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the engine's config.json that the Triton repository reads, as the build
+    command will make them: for packaging before the engine exists (the same reader then
+    reads the real one, so the two cannot drift)."""
+    argv = build_command(spec, Path("CHECKPOINT"), Path("OUTPUT"))
+    flags = dict(zip(argv[1::2], argv[2::2], strict=True))
+    build: dict[str, Any] = {
+        key: int(flags[f"--{key}"])
+        for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                    "max_beam_width")
+    }  # fmt: skip
+    build["kv_cache_type"] = flags["--kv_cache_type"].upper()
+    build["plugin_config"] = {
+        "use_paged_context_fmha": flags["--use_paged_context_fmha"] == "enable",
+        "remove_input_padding": flags["--remove_input_padding"] == "enable",
+        "gemm_plugin": flags["--gemm_plugin"],
+    }
+    return {"version": "planned", "pretrained_config": checkpoint_config, "build_config": build}
+
+
 def gpu_info() -> list[dict[str, Any]]:
     """Each GPU of this host (nvidia-smi): name, SM (e.g. 90), memory in MiB, driver; []
     where there is none."""

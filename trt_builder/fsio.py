@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,16 @@ def clean_leftovers(final: Path) -> None:
         if name.startswith(f".{final.name}{TMP_MARK}") or name.startswith(
             f".{final.name}{OLD_MARK}"
         ):
-            shutil.rmtree(sibling, ignore_errors=True)
+            if sibling.is_symlink():
+                sibling.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(sibling, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield an empty temporary sibling of `final`; on success it replaces `final` whole.
+def atomic_dir(final: Path, place: Callable[[Path, Path], None] | None = None) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `final`; on success it replaces `final` whole
+    (or `place(tmp, final)` puts it where it belongs, e.g. a new published version).
 
     On any exception the temporary directory is removed and `final` is left as it was.
     """
@@ -87,6 +91,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         fsync_tree(tmp)
+        if place is not None:
+            place(tmp, final)
+            return
         old = None
         if final.exists():
             old = final.with_name(f".{final.name}{OLD_MARK}{uuid.uuid4().hex[:8]}")
@@ -106,3 +113,15 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def replace_symlink(link: Path, target: Path) -> None:
+    """Point `link` at `target` (relative, so the tree can be mounted elsewhere) atomically:
+    a new link beside it, renamed over it."""
+    tmp = link.with_name(f".{link.name}{TMP_MARK}{uuid.uuid4().hex[:8]}")
+    os.symlink(os.path.relpath(target, link.parent), tmp)
+    try:
+        os.replace(tmp, link)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(link.parent)

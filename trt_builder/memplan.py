@@ -82,6 +82,7 @@ class MemoryPlan:
     overhead_bytes: int
     kv_budget_bytes: int  # what the KV cache gets on each rank (0 when nothing is left)
     limits: Limits
+    kv_fraction: float = KV_FRACTION  # the deployment's kv_cache_free_gpu_mem_fraction
 
     @property
     def kv_tokens(self) -> int:
@@ -158,6 +159,7 @@ def plan(
     int8_linears: bool,
     kv_int8: bool,
     limits: Limits,
+    kv_fraction: float = KV_FRACTION,
 ) -> MemoryPlan:
     """The memory plan of a model (its TensorRT-LLM config) on `gpu`, for resolved limits."""
     if not limits.resolved:
@@ -181,8 +183,9 @@ def plan(
         kv_bytes_per_token=kv_bytes_per_token(shape, tp, pp, kv_dtype),
         activation_bytes=activations,
         overhead_bytes=OVERHEAD_BYTES,
-        kv_budget_bytes=max(0, int(free * KV_FRACTION)),
+        kv_budget_bytes=max(0, int(free * kv_fraction)),
         limits=limits,
+        kv_fraction=kv_fraction,
     )
 
 
@@ -198,7 +201,7 @@ def _replan(config: dict[str, Any], memory: MemoryPlan, **changes: Any) -> Memor
     inputs = {
         "gpu": memory.gpu, "tp": memory.tp, "pp": memory.pp, "dtype": memory.dtype,
         "int8_linears": memory.weight_dtype == "int8", "kv_int8": memory.kv_dtype == "int8",
-        "limits": memory.limits,
+        "limits": memory.limits, "kv_fraction": memory.kv_fraction,
     }  # fmt: skip
     return plan(config, **{**inputs, **changes})
 
@@ -284,6 +287,7 @@ def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
         int8_linears=isinstance(mode, (SmoothQuant, WeightOnlyInt8)),
         kv_int8=bool(getattr(mode, "kv_int8", False)),
         limits=lim,
+        kv_fraction=spec.triton.kv_cache_free_gpu_mem_fraction,
     )
     if not memory.fits:
         need = (memory.weight_bytes + memory.activation_bytes + memory.overhead_bytes) / GIB

@@ -135,6 +135,31 @@ class Int8Options:
             raise SpecError("int8.granularity must be per-token or per-tensor")
 
 
+@dataclass(frozen=True)
+class TritonOptions:
+    """The Triton deployment: streaming (decoupled) or not, the KV cache's share of free GPU
+    memory, how many published versions to keep, and where the serving container sees the
+    Triton root (None: this host's path)."""
+
+    streaming: bool = False
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    keep: int = 3
+    serve_root: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.streaming, bool):
+            raise SpecError("triton.streaming is true or false")
+        if not 0.05 <= self.kv_cache_free_gpu_mem_fraction <= 0.99:
+            raise SpecError("triton.kv_cache_free_gpu_mem_fraction must be between 0.05 and 0.99")
+        if not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1:
+            raise SpecError(f"triton.keep must be at least 1 (versions kept), got {self.keep!r}")
+        if self.serve_root is not None and not str(self.serve_root).startswith("/"):
+            raise SpecError(
+                f"triton.serve_root {self.serve_root!r} must be an absolute path in the serving "
+                "container, e.g. /models"
+            )
+
+
 #: The default calibration set: `data/corpus/calibration.jsonl` (its README says what it is).
 BUNDLED = "bundled"
 
@@ -190,6 +215,7 @@ class BuildSpec:
     pp: int = 1
     limits: BuildLimits = field(default_factory=BuildLimits)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    triton: TritonOptions = field(default_factory=TritonOptions)
     target_gpu: str = "H100-80GB"
     out: Path = Path("engines")
     triton_root: Path = Path("triton_repo")
@@ -248,6 +274,7 @@ class BuildSpec:
 _SECTIONS = {
     "limits": BuildLimits,
     "engine": EngineOptions,
+    "triton": TritonOptions,
     "verify": VerifyOptions,
     "calibrate": CalibrationOptions,
     "int8": Int8Options,

@@ -122,8 +122,39 @@ _stage_command(
     "Build the engine with trtllm-build (or print the command where TensorRT-LLM is absent).",
     "trt-builder engine --dtype float16 --require-engine",
 )
-_stage_command("package", ("package",), "Write the Triton model repository and validate it.",
-               "trt-builder package --dtype float16")  # fmt: skip
+
+
+@cli.command("package", epilog=EPILOG_EXIT)
+@options.apply(options.SPEC_OPTIONS, options.RUN_OPTIONS, options.OUTPUT_OPTIONS)
+@click.option(
+    "--check",
+    "check_dir",
+    type=click.Path(path_type=Path),
+    help="Only validate this existing Triton model repository (schema, versions, wiring).",
+)
+def package_command(check_dir: Path | None, **kwargs: Any) -> None:
+    """Write the Triton model repository as a new version, validate it and publish it.
+
+    \b
+    Examples:
+      trt-builder package --dtype float16
+      trt-builder package --check triton_repo/smollm2-135m-instruct-b179c952-int8-tp1-pp1
+    """
+    if check_dir is None:
+        _run(("package",), kwargs)
+        return
+    from ..triton.repository import INFO, validate_repository
+
+    configs = validate_repository(check_dir)
+    try:
+        info = json.loads((check_dir / INFO).read_text())
+    except (OSError, ValueError):
+        info = {}
+    if kwargs["as_json"]:
+        click.echo(json.dumps({"ok": True, "repository": str(check_dir), "models": sorted(configs),
+                               "info": info}, indent=2))  # fmt: skip
+    else:
+        err.print(f"[green]valid[/]: {escape(str(check_dir))} ({', '.join(sorted(configs))})")
 
 
 @cli.command("verify", epilog=EPILOG_EXIT)
@@ -276,7 +307,7 @@ def plan_command(**kwargs: Any) -> None:
         ("activations (estimate)", f"{memory.activation_bytes / GIB:.2f} GiB for {lim.max_num_tokens} tokens"),
         ("runtime overhead", f"{memory.overhead_bytes / GIB:.2f} GiB"),
         ("KV cache per token", f"{memory.kv_bytes_per_token / 1024:.1f} KiB ({memory.kv_dtype})"),
-        ("KV cache (0.9 of the rest)", f"{memory.kv_budget_bytes / GIB:.2f} GiB = {memory.kv_tokens} tokens"),
+        (f"KV cache ({memory.kv_fraction:g} of the rest)", f"{memory.kv_budget_bytes / GIB:.2f} GiB = {memory.kv_tokens} tokens"),
         (f"sequences of {lim.max_seq_len} tokens at once", str(memory.max_sequences(lim.max_seq_len))),
         ("max_batch_size", f"{lim.max_batch_size} ({source[spec.limits.max_batch_size is None]}; "
                            f"{proposed_batch(memory)} fit)"),
@@ -284,6 +315,32 @@ def plan_command(**kwargs: Any) -> None:
     ]  # fmt: skip
     for label, value in rows:
         click.echo(f"{label:<34} {value}")
+
+
+@cli.command("serve-command", epilog=EPILOG_EXIT)
+@click.argument("repository", type=click.Path(path_type=Path))
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--tritonserver", default="tritonserver", show_default=True,
+              help="The tritonserver executable.")  # fmt: skip
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: int,
+                      tritonserver: str, debug: bool) -> None:  # fmt: skip
+    """Print the tritonserver command (under mpirun for tp x pp > 1) that serves a repository
+    trt-builder wrote: explicit model control, strict readiness, exit on error.
+
+    \b
+    Example:
+      trt-builder serve-command triton_repo/smollm2-135m-instruct-b179c952-int8-tp1-pp1
+    """
+    import shlex
+
+    from ..triton.serve import serve_command
+
+    argv = serve_command(repository, tritonserver=tritonserver, http_port=http_port,
+                         grpc_port=grpc_port, metrics_port=metrics_port)  # fmt: skip
+    click.echo(shlex.join(argv))
 
 
 @cli.command("doctor")

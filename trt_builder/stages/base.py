@@ -182,7 +182,9 @@ def run_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     start = time.perf_counter()
     work: Path | None = None
     try:
-        with atomic_dir(output) as work:
+        place = getattr(stage, "place", None)  # a stage that publishes its output itself
+        placer = None if place is None else (lambda tmp, final: place(ctx, tmp, final))
+        with atomic_dir(output, placer) as work:
             try:
                 record.details = stage.run(ctx, work) or {}
             except OSError as exc:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .. import fetch
-from ..triton.repository import RepositoryOptions, write_repository
+from ..errors import PackageError
+from ..triton.repository import (
+    RepositoryOptions,
+    next_version,
+    options_from_engine,
+    publish,
+    write_repository,
+)
 from .base import BuildContext, built_from, read_marker
 
 #: Checkpoint fields an engine's config.json (pretrained_config) must agree on.
@@ -41,7 +49,7 @@ TOKENIZER_FILES = (*fetch.TOKENIZER_FILES, "config.json")
 
 class PackageStage:
     name: ClassVar[str] = "package"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tools: ClassVar[tuple[str, ...]] = ("tritonclient", "transformers")
     needs_verified_checkpoint: ClassVar[bool] = True
     code: ClassVar[tuple[str, ...]] = (
@@ -84,25 +92,56 @@ class PackageStage:
             found["engine"] = engine
         return found
 
-    def options(self, ctx: BuildContext) -> RepositoryOptions:
-        lim = ctx.spec.limits
-        assert lim.max_batch_size is not None  # the pipeline resolved it from the memory plan
-        return RepositoryOptions(
-            max_batch_size=lim.max_batch_size,
-            max_input_len=lim.max_input_len,
-            max_beam_width=lim.max_beam_width,
-            engine_path=str((ctx.layout.triton / "tensorrt_llm" / "1" / "engine").resolve()),
+    def engine_config(self, ctx: BuildContext, engine: Path | None) -> dict[str, Any]:
+        """The engine's own config.json, or the one the build command will give it."""
+        if engine is not None:
+            config = json.loads((engine / "config.json").read_text())
+        else:
+            from ..engine import planned_engine_config
+
+            checkpoint = json.loads((ctx.layout.checkpoint / "config.json").read_text())
+            config = planned_engine_config(ctx.spec, checkpoint)
+        world = (config.get("pretrained_config", {}).get("mapping") or {}).get("world_size", 1)
+        if world != ctx.spec.tp * ctx.spec.pp:
+            raise PackageError(
+                f"the engine's world size is {world}, the spec's tp x pp is "
+                f"{ctx.spec.tp * ctx.spec.pp}: rebuild the engine (trt-builder engine --force)"
+            )
+        return config
+
+    def options(self, ctx: BuildContext, version: int) -> RepositoryOptions:
+        engine = self._engine(ctx)
+        triton = ctx.spec.triton
+        root = triton.serve_root or str(ctx.layout.triton_root.resolve())
+        return options_from_engine(
+            self.engine_config(ctx, engine),
+            engine_path=f"{root}/{ctx.layout.triton_name}/tensorrt_llm/{version}/engine",
+            version=version,
+            decoupled=triton.streaming,
+            kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
         )
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
-        return {"options": self.options(ctx).__dict__}
+        # Version 0 stands for whichever version is published next: not part of the key.
+        return {"options": asdict(self.options(ctx, version=0))}
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         tokenizer = [ctx.layout.hf / n for n in TOKENIZER_FILES if (ctx.layout.hf / n).is_file()]
         engine = self._engine(ctx)
-        write_repository(work, self.options(ctx), tokenizer, engine)
+        version = next_version(ctx.layout.triton)
+        write_repository(work, self.options(ctx, version), tokenizer, engine)
         return {
             "models": ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"],
+            "version": version,
             "engine_included": engine is not None,
             "note": None if engine else "no engine yet: build it on a GPU host, then rerun package",
         }
+
+    def place(self, ctx: BuildContext, work: Path, link: Path) -> None:
+        """Publish `work` as the next version and switch the repository link to it, keeping
+        the newest [triton] keep versions."""
+        removed = publish(work, link, keep=ctx.spec.triton.keep)
+        if removed:
+            ctx.notices.append(
+                f"removed Triton repository version(s) {removed} (keep {ctx.spec.triton.keep})"
+            )

@@ -3,22 +3,27 @@ postprocessing. Configs are built as Triton's own ModelConfig protobuf and writt
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import PackageError
-from ..fsio import link_or_copy
+from ..fsio import link_or_copy, replace_symlink
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
 
 PREPROCESSING_IN: tuple[Tensor, ...] = (
-    ("QUERY", "TYPE_STRING", (1,), False),
+    ("QUERY", "TYPE_STRING", (1,), True),  # plain text, or
+    ("MESSAGES", "TYPE_STRING", (1,), True),  # a JSON chat, rendered with the chat template
     ("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), False),
     ("END_ID", "TYPE_INT32", (1,), True),
     ("PAD_ID", "TYPE_INT32", (1,), True),
@@ -58,7 +63,8 @@ POSTPROCESSING_IN: tuple[Tensor, ...] = (
 )
 POSTPROCESSING_OUT: tuple[Tensor, ...] = (("OUTPUT", "TYPE_STRING", (-1,), False),)
 ENSEMBLE_IN: tuple[Tensor, ...] = (
-    ("text_input", "TYPE_STRING", (1,), False),
+    ("text_input", "TYPE_STRING", (1,), True),  # one of text_input and messages
+    ("messages", "TYPE_STRING", (1,), True),
     ("max_tokens", "TYPE_INT32", (1,), False),
     ("end_id", "TYPE_INT32", (1,), True),
     ("pad_id", "TYPE_INT32", (1,), True),
@@ -76,7 +82,7 @@ ENSEMBLE_OUT: tuple[Tensor, ...] = (("text_output", "TYPE_STRING", (-1,), False)
 ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
     (
         "preprocessing",
-        {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "END_ID": "end_id", "PAD_ID": "pad_id",
+        {"QUERY": "text_input", "MESSAGES": "messages", "REQUEST_OUTPUT_LEN": "max_tokens", "END_ID": "end_id", "PAD_ID": "pad_id",
          "STOP_WORDS_DICT": "stop_words", "BAD_WORDS_DICT": "bad_words"},
         {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
          "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
@@ -100,14 +106,59 @@ ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
 
 @dataclass(frozen=True)
 class RepositoryOptions:
-    """What the generated configs depend on."""
+    """What the generated configs depend on: the engine's own build config and the spec's
+    [triton] table (options_from_engine), never typed twice."""
 
     max_batch_size: int
     max_input_len: int
+    max_seq_len: int
     max_beam_width: int
     engine_path: str  # gpt_model_path as the serving container sees it
-    decoupled: bool = False
+    version: int = 1  # the Triton model version of every model in this repository
+    world_size: int = 1  # tp x pp: tritonserver runs under mpirun with this many ranks
+    decoupled: bool = False  # streaming responses
     kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_chunked_context: bool = False  # needs paged context FMHA in the engine
+    enable_kv_cache_reuse: bool = False  # likewise
+
+
+def options_from_engine(
+    engine_config: dict[str, Any],
+    *,
+    engine_path: str,
+    version: int,
+    decoupled: bool,
+    kv_cache_free_gpu_mem_fraction: float,
+) -> RepositoryOptions:
+    """Repository options from an engine's config.json (or the planned one,
+    engine.planned_engine_config): limits, beam width, world size, and chunked context and KV
+    reuse only where the engine has paged context FMHA on a paged KV cache."""
+    try:
+        build = engine_config["build_config"]
+        plugin = build.get("plugin_config") or {}
+        mapping = engine_config["pretrained_config"].get("mapping") or {}
+        paged_kv = str(build.get("kv_cache_type", "PAGED")).upper() == "PAGED" or bool(
+            plugin.get("paged_kv_cache")
+        )
+        paged_context = paged_kv and bool(plugin.get("use_paged_context_fmha"))
+        return RepositoryOptions(
+            max_batch_size=int(build["max_batch_size"]),
+            max_input_len=int(build["max_input_len"]),
+            max_seq_len=int(build["max_seq_len"]),
+            max_beam_width=int(build.get("max_beam_width", 1)),
+            engine_path=engine_path,
+            version=version,
+            world_size=int(mapping.get("world_size", 1)),
+            decoupled=decoupled,
+            kv_cache_free_gpu_mem_fraction=kv_cache_free_gpu_mem_fraction,
+            enable_chunked_context=paged_context,
+            enable_kv_cache_reuse=paged_context,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PackageError(
+            f"the engine's config.json lacks what the repository needs ({exc!r}): rebuild the "
+            "engine with trt-builder engine --force"
+        ) from None
 
 
 def _io(
@@ -152,6 +203,7 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
             "tokenizer_dir": "tokenizer",
             "add_special_tokens": "true",
             "max_input_len": str(opts.max_input_len),
+            "max_seq_len": str(opts.max_seq_len),
         },
     )
     scalars = tuple(n for n, _, dims, _ in TRTLLM_IN if dims == (1,))
@@ -178,6 +230,8 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
             "max_beam_width": str(opts.max_beam_width),
             "batch_scheduler_policy": "guaranteed_no_evict",
             "kv_cache_free_gpu_mem_fraction": str(opts.kv_cache_free_gpu_mem_fraction),
+            "enable_chunked_context": str(opts.enable_chunked_context).lower(),
+            "enable_kv_cache_reuse": str(opts.enable_kv_cache_reuse).lower(),
             "exclude_input_in_output": "true",
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         },
@@ -205,20 +259,26 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
         input=_io(mc.ModelInput, ENSEMBLE_IN),
         output=_io(mc.ModelOutput, ENSEMBLE_OUT),
         ensemble_scheduling=mc.ModelEnsembling(step=steps),
-    )
+    )  # no transaction policy: an ensemble with a decoupled step streams by itself
     return {"ensemble": ens, "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
+
+
+#: Written at the repository's root: what serve-command and package --check read.
+INFO = "trt-builder-repository.json"
 
 
 def write_repository(
     work: Path, opts: RepositoryOptions, tokenizer_files: list[Path], engine_dir: Path | None
 ) -> None:
-    """Write the repository into `work` (the caller makes it appear atomically)."""
+    """Write the repository into `work` (the caller makes it appear atomically), every model
+    at version `opts.version`, then validate it."""
     models = resources.files("trt_builder.triton") / "python_models"
+    version = str(opts.version)
     for name, config in model_configs(opts).items():
-        (work / name / "1").mkdir(parents=True)
+        (work / name / version).mkdir(parents=True)
         (work / name / "config.pbtxt").write_text(text_format.MessageToString(config))
         if config.backend == "python":
-            (work / name / "1" / "model.py").write_text((models / f"{name}.py").read_text())
+            (work / name / version / "model.py").write_text((models / f"{name}.py").read_text())
     tokenizer_dir = work / "preprocessing" / "tokenizer"
     tokenizer_dir.mkdir()
     for path in tokenizer_files:
@@ -226,7 +286,9 @@ def write_repository(
     if engine_dir is not None:
         for path in sorted(engine_dir.iterdir()):
             if path.is_file():
-                link_or_copy(path, work / "tensorrt_llm" / "1" / "engine" / path.name)
+                link_or_copy(path, work / "tensorrt_llm" / version / "engine" / path.name)
+    info = {**asdict(opts), "engine_included": engine_dir is not None}
+    (work / INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     validate_repository(work)
 
 
@@ -241,8 +303,17 @@ def _load(path: Path) -> mc.ModelConfig:
     return config
 
 
+def _versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
 def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
-    """Parse every config.pbtxt with Triton's schema and check the ensemble's wiring."""
+    """Parse every config.pbtxt with Triton's schema; check each model's version directories,
+    the python models' model.py, the engine the tensorrt_llm model points to (where it lies in
+    this repository) and the ensemble's wiring (each input produced upstream, data types and
+    dims agreeing). Raises PackageError naming the model and tensor."""
+    if not root.is_dir():
+        raise PackageError(f"{root} is not a directory: give the Triton model repository")
     configs = {p.parent.name: _load(p) for p in sorted(root.glob("*/config.pbtxt"))}
     if not configs:
         raise PackageError(f"{root} holds no model (no */config.pbtxt)")
@@ -251,18 +322,57 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
             raise PackageError(
                 f"model {name}: config.pbtxt says name {config.name!r}; it must match its directory"
             )
-        if not (root / name / "1").is_dir():
-            raise PackageError(f"model {name}: version directory 1/ is missing")
-        if config.backend == "python" and not (root / name / "1" / "model.py").is_file():
-            raise PackageError(f"model {name}: python backend without 1/model.py")
+        versions = _versions(root / name)
+        if not versions:
+            raise PackageError(f"model {name}: no version directory (e.g. {name}/1/)")
+        latest = root / name / str(versions[-1])
+        if config.backend == "python" and not (latest / "model.py").is_file():
+            raise PackageError(f"model {name}: python backend without {latest.name}/model.py")
+        if config.backend == "tensorrtllm":
+            _check_engine_path(root, name, config)
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs)
     return configs
 
 
+def _check_engine_path(root: Path, name: str, config: mc.ModelConfig) -> None:
+    """gpt_model_path must be absolute; inside this repository it must hold the engine (a
+    repository packaged before its engine was built says so in its INFO file)."""
+    path = (
+        config.parameters["gpt_model_path"].string_value
+        if "gpt_model_path" in config.parameters
+        else ""
+    )
+    if not path.startswith("/"):
+        raise PackageError(
+            f"model {name}: parameter gpt_model_path {path!r} must be the engine directory's "
+            "absolute path in the serving container"
+        )
+    try:
+        info = json.loads((root / INFO).read_text())
+    except (OSError, ValueError):
+        info = {}
+    inside = Path(path).resolve().is_relative_to(root.resolve())
+    if inside and info.get("engine_included", True):
+        engine = Path(path)
+        ranks = int(info.get("world_size", 1))
+        missing = [
+            f"rank{r}.engine" for r in range(ranks) if not (engine / f"rank{r}.engine").is_file()
+        ]
+        if missing or not (engine / "config.json").is_file():
+            raise PackageError(
+                f"model {name}: gpt_model_path {path} lacks {(missing or ['config.json'])[0]}: "
+                "rerun trt-builder package once the engine is built"
+            )
+
+
+def _dims_agree(a: Sequence[int], b: Sequence[int]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
+
+
 def _check_ensemble(name: str, ens: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> None:
-    available = {t.name: t.data_type for t in ens.input}
+    available = {t.name: (t.data_type, list(t.dims)) for t in ens.input}
     for step in ens.ensemble_scheduling.step:
         target = configs.get(step.model_name)
         if target is None:
@@ -278,9 +388,15 @@ def _check_ensemble(name: str, ens: mc.ModelConfig, configs: dict[str, mc.ModelC
                 raise PackageError(
                     f"ensemble {name}: tensor {tensor!r} feeding {step.model_name}.{model_in} is produced by no earlier step or ensemble input"
                 )
-            if available[tensor] != inputs[model_in].data_type:
+            dtype, dims = available[tensor]
+            want = inputs[model_in]
+            if dtype != want.data_type:
                 raise PackageError(
-                    f"ensemble {name}: {tensor!r} is {mc.DataType.Name(available[tensor])} but {step.model_name}.{model_in} takes {mc.DataType.Name(inputs[model_in].data_type)}"
+                    f"ensemble {name}: {tensor!r} is {mc.DataType.Name(dtype)} but {step.model_name}.{model_in} takes {mc.DataType.Name(want.data_type)}"
+                )
+            if not _dims_agree(dims, list(want.dims)):
+                raise PackageError(
+                    f"ensemble {name}: {tensor!r} has dims {dims} but {step.model_name}.{model_in} takes {list(want.dims)}"
                 )
         missing = [t for t, spec in inputs.items() if not spec.optional and t not in step.input_map]
         if missing:
@@ -292,7 +408,60 @@ def _check_ensemble(name: str, ens: mc.ModelConfig, configs: dict[str, mc.ModelC
                 raise PackageError(
                     f"ensemble {name}: {step.model_name} has no output {model_out!r}"
                 )
-            available[tensor] = outputs[model_out].data_type
+            available[tensor] = (outputs[model_out].data_type, list(outputs[model_out].dims))
     for out in ens.output:
         if out.name not in available:
             raise PackageError(f"ensemble {name}: output {out.name!r} is produced by no step")
+        dtype, dims = available[out.name]
+        if dtype != out.data_type or not _dims_agree(dims, list(out.dims)):
+            raise PackageError(
+                f"ensemble {name}: output {out.name!r} is declared {mc.DataType.Name(out.data_type)} {list(out.dims)} but its step gives {mc.DataType.Name(dtype)} {dims}"
+            )
+
+
+#: Published versions of a repository live in <triton_root>/.versions/<name>/<N>/;
+#: <triton_root>/<name> is a symlink to the current one (what tritonserver is given).
+VERSIONS = ".versions"
+
+
+def versions_dir(link: Path) -> Path:
+    return link.parent / VERSIONS / link.name
+
+
+def published_versions(link: Path) -> list[int]:
+    where = versions_dir(link)
+    return _versions(where) if where.is_dir() else []
+
+
+def current_version(link: Path) -> int | None:
+    """The version `link` points to, or None (nothing published yet)."""
+    if not link.is_symlink():
+        return None
+    name = Path(os.readlink(link)).name
+    return int(name) if name.isdigit() else None
+
+
+def next_version(link: Path) -> int:
+    return max([0, *published_versions(link)]) + 1
+
+
+def publish(work: Path, link: Path, *, keep: int) -> list[int]:
+    """Make the finished repository `work` version N (from its INFO file) and switch `link`
+    to it atomically; keep the newest `keep` versions (never the current one). Returns the
+    versions removed. A running server keeps what it loaded: its files are not rewritten."""
+    version = int(json.loads((work / INFO).read_text())["version"])
+    where = versions_dir(link)
+    where.mkdir(parents=True, exist_ok=True)
+    final = where / str(version)
+    if final.exists():
+        raise PackageError(f"{final} already exists: another build published version {version}")
+    os.replace(work, final)
+    if link.exists() and not link.is_symlink():  # a repository written before versions
+        os.replace(link, where / "0")
+    replace_symlink(link, final)
+    removed = []
+    for old in published_versions(link)[:-keep]:
+        if old != version:
+            shutil.rmtree(where / str(old), ignore_errors=True)
+            removed.append(old)
+    return removed

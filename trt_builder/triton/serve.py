@@ -1,0 +1,53 @@
+"""The tritonserver command line for a repository trt-builder wrote (launched under mpirun
+with one rank per GPU when the engine has several, as tensorrtllm_backend's leader mode needs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import PackageError
+from .repository import INFO, validate_repository
+
+#: Loaded explicitly on the first rank; the other ranks load only the engine.
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+
+
+def serve_command(
+    repository: Path,
+    *,
+    tritonserver: str = "tritonserver",
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+) -> list[str]:
+    """argv that serves `repository`: explicit model control, strict readiness, exit on error;
+    `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
+    the one the serving container sees (the spec's [triton] serve_root)."""
+    validate_repository(repository)
+    try:
+        info = json.loads((repository / INFO).read_text())
+        world = int(info["world_size"])
+        served = Path(info["engine_path"]).parents[2]  # <root>/<name>/tensorrt_llm/<N>/engine
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise PackageError(
+            f"{repository} has no readable {INFO}: repackage it with trt-builder package"
+        ) from None
+
+    def rank(i: int) -> list[str]:
+        argv = [tritonserver, f"--model-repository={served}", "--model-control-mode=explicit"]
+        argv += [f"--load-model={m}" for m in (MODELS if i == 0 else ("tensorrt_llm",))]
+        argv += [
+            f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+            f"--metrics-port={metrics_port}", "--strict-readiness=true", "--exit-on-error=true",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{i}_",
+        ]  # fmt: skip
+        return argv
+
+    if world == 1:
+        return rank(0)
+    argv = ["mpirun", "--allow-run-as-root"]
+    for i in range(world):
+        argv += ["-n", "1", *rank(i)] + ([":"] if i < world - 1 else [])
+    return argv
