@@ -343,6 +343,71 @@ def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_
     click.echo(shlex.join(argv))
 
 
+@cli.command("infer", epilog=EPILOG_EXIT)
+@click.option("--url", required=True,
+              help="grpc://HOST:8001 (gRPC; needed for --stream) or http://HOST:8000.")  # fmt: skip
+@click.option("--prompt", help="Plain text (the ensemble's text_input).")
+@click.option("--messages", help='A chat as JSON, or @FILE: [{"role": "user", "content": "..."}].')
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float)
+@click.option("--top-k", type=int)
+@click.option("--top-p", type=float)
+@click.option(
+    "--stream", is_flag=True, help="Print the answer as it comes (a streaming repository)."
+)
+@click.option("--model", default="ensemble", show_default=True)
+@click.option(
+    "--timeout", type=float, default=60.0, show_default=True, help="Seconds per response."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens: int,
+                  temperature: float | None, top_k: int | None, top_p: float | None,
+                  stream: bool, model: str, timeout: float, as_json: bool, debug: bool) -> None:  # fmt: skip
+    """Send one request to a live Triton deployment of a trt-builder repository and print the
+    answer (checks readiness first; fails after --timeout).
+
+    \b
+    Example:
+      trt-builder infer --url grpc://localhost:8001 --prompt "The capital of France is"
+    """
+    from ..errors import InputError
+    from ..triton import client
+
+    chat = None
+    if messages is not None:
+        try:
+            text = Path(messages[1:]).read_text() if messages.startswith("@") else messages
+        except OSError as exc:
+            raise InputError(
+                f"cannot read {messages[1:]} ({exc.strerror}): check the path"
+            ) from None
+        try:
+            chat = json.loads(text)
+        except ValueError:
+            raise InputError(
+                '--messages is not JSON: give [{"role": "user", "content": "..."}]'
+            ) from None
+    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+                if v is not None}  # fmt: skip
+    request = client.Request(prompt=prompt, messages=chat, max_tokens=max_tokens, sampling=sampling)
+    if stream:
+        pieces = []
+        for piece in client.stream(url, request, model=model, timeout=timeout):
+            pieces.append(piece)
+            if not as_json:
+                click.echo(piece, nl=False)
+        answer = "".join(pieces)
+        if not as_json:
+            click.echo()
+    else:
+        answer = client.generate(url, request, model=model, timeout=timeout)
+        if not as_json:
+            click.echo(answer)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "url": url, "model": model, "text": answer}, indent=2))
+
+
 @cli.command("doctor")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("engines"), show_default=True,
               help="Engines root whose disk is checked.")  # fmt: skip

@@ -1,0 +1,144 @@
+"""A client for a live deployment of a trt-builder repository (`trt-builder infer`): the
+ensemble over HTTP or gRPC through tritonclient, with readiness checks and timeouts, and
+streaming (gRPC) for a decoupled (streaming) repository."""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import EngineError, InputError
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request to the ensemble: text_input or messages (a chat), and how much."""
+
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int = 64
+    sampling: dict[str, float | int] = field(default_factory=dict)  # temperature, top_k, ...
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise InputError("give one of --prompt and --messages")
+        if self.max_tokens < 1:
+            raise InputError("--max-tokens must be at least 1")
+
+
+#: Optional ensemble inputs: name -> Triton data type.
+_SAMPLING = {"temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "random_seed": "UINT64"}
+_NUMPY = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_}
+
+
+def connect(url: str, *, model: str = "ensemble", timeout: float = 60.0) -> tuple[Any, Any, bool]:
+    """(tritonclient module, client, grpc?) for a server whose `model` is ready; InputError
+    naming the fix otherwise. http(s):// URLs speak HTTP, anything else gRPC."""
+    grpc = not url.startswith(("http://", "https://"))
+    try:
+        if grpc:
+            import tritonclient.grpc as module
+        else:
+            import tritonclient.http as module
+    except (ImportError, RuntimeError):  # RuntimeError: installed without that protocol
+        raise InputError("tritonclient is missing: pip install 'tritonclient[grpc,http]'") from None
+    target = url.split("://", 1)[-1]
+    try:
+        if grpc:
+            client = module.InferenceServerClient(url=target)
+        else:
+            client = module.InferenceServerClient(
+                url=target, connection_timeout=timeout, network_timeout=timeout,
+                ssl=url.startswith("https://"),
+            )  # fmt: skip
+        ready = client.is_server_ready() and client.is_model_ready(model)
+    except Exception as exc:  # tritonclient's own errors and transport errors
+        raise InputError(
+            f"cannot reach Triton at {url} ({exc}): start the server or fix --url"
+        ) from None
+    if not ready:
+        raise InputError(
+            f"model {model} is not ready on {url}: load it (explicit model control) and retry"
+        )
+    return module, client, grpc
+
+
+def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
+    def tensor(name: str, value: Any, dtype: str) -> Any:
+        array: np.ndarray = np.array([[value]], dtype=object if dtype == "BYTES" else _NUMPY[dtype])
+        item = module.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array)
+        return item
+
+    text = (
+        ("text_input", request.prompt.encode())
+        if request.prompt is not None
+        else ("messages", json.dumps(request.messages, ensure_ascii=False).encode())
+    )
+    items = [tensor(*text, "BYTES"), tensor("max_tokens", request.max_tokens, "INT32")]
+    for name, value in request.sampling.items():
+        items.append(tensor(name, value, _SAMPLING[name]))
+    if stream:
+        items.append(tensor("stream", True, "BOOL"))
+    return items
+
+
+def _text(result: Any) -> str:
+    out = result.as_numpy("text_output")
+    if out is None:
+        raise EngineError("the response has no text_output: is this a trt-builder repository?")
+    value = out.reshape(-1)[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def generate(url: str, request: Request, *, model: str = "ensemble", timeout: float = 60.0) -> str:
+    """The ensemble's answer to one request (a non-decoupled repository)."""
+    module, client, grpc = connect(url, model=model, timeout=timeout)
+    outputs = [
+        module.InferRequestedOutput("text_output", **({} if grpc else {"binary_data": False}))
+    ]
+    try:
+        extra = {"client_timeout": timeout} if grpc else {}
+        result = client.infer(model, _inputs(module, request, False), outputs=outputs, **extra)
+    except Exception as exc:  # InferenceServerException and transport errors
+        raise EngineError(
+            f"Triton refused or timed out on the request ({exc}); a streaming (decoupled) "
+            "repository needs --stream over gRPC"
+        ) from None
+    return _text(result)
+
+
+def stream(
+    url: str, request: Request, *, model: str = "ensemble", timeout: float = 60.0
+) -> Iterator[str]:
+    """The answer of a decoupled (streaming) repository, piece by piece, over gRPC."""
+    if url.startswith(("http://", "https://")):
+        raise InputError(
+            "--stream needs a gRPC URL (grpc://HOST:8001): tritonclient streams over gRPC"
+        )
+    module, client, _ = connect(url, model=model, timeout=timeout)
+    pieces: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: pieces.put((result, error)))
+    try:
+        client.async_stream_infer(model, _inputs(module, request, True),
+                                  enable_empty_final_response=True)  # fmt: skip
+        while True:
+            try:
+                result, error = pieces.get(timeout=timeout)
+            except queue.Empty:
+                raise EngineError(f"no response from Triton within {timeout:g} s") from None
+            if error is not None:
+                raise EngineError(f"Triton refused the request: {error}")
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            if result.as_numpy("text_output") is not None:
+                yield _text(result)
+            if final is not None and final.bool_param:
+                return
+    finally:
+        client.stop_stream()
