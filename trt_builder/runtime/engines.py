@@ -125,6 +125,22 @@ class TritonRuntime:
             raise InputError(
                 f"model {model} is not ready on {url}: load it (explicit model control) and retry"
             )
+        self.decoupled = self._decoupled()
+        if self.decoupled and not grpc:
+            raise InputError(
+                f"model {model} on {url} streams (decoupled): verify it over gRPC "
+                "(--url grpc://HOST:8001)"
+            )
+
+    def _decoupled(self) -> bool:
+        """Whether the deployed model streams (model_transaction_policy.decoupled)."""
+        try:
+            config = self.client.get_model_config(self.model)
+        except Exception:  # an older server or a restricted endpoint: assume not
+            return False
+        if isinstance(config, dict):  # HTTP: JSON
+            return bool((config.get("model_transaction_policy") or {}).get("decoupled"))
+        return bool(config.config.model_transaction_policy.decoupled)
 
     def request(
         self, prompt: list[int], max_new_tokens: int, end_id: int, pad_id: int
@@ -150,6 +166,11 @@ class TritonRuntime:
         self, prompts: list[list[int]], max_new_tokens: int, end_ids: set[int], pad_id: int = 0
     ) -> list[list[int]]:
         end_id = primary_end_id(end_ids, None)
+        if self.decoupled:
+            return [
+                trim(self._streamed(prompt, max_new_tokens, end_id, pad_id), end_ids)
+                for prompt in prompts
+            ]
         out = []
         for prompt in prompts:
             try:
@@ -164,12 +185,47 @@ class TritonRuntime:
                 )
             except Exception as exc:  # tritonclient's InferenceServerException and transport errors
                 raise EngineError(
-                    f"Triton refused or timed out on a request to {self.model} ({exc}); a "
-                    "decoupled (streaming) model needs decoupled_mode false for verify"
+                    f"Triton refused or timed out on a request to {self.model} ({exc})"
                 ) from None
             ids, length = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
             out.append(trim(ids[0, 0, len(prompt) : int(length[0, 0])].tolist(), end_ids))
         return out
+
+    def _streamed(
+        self, prompt: list[int], max_new_tokens: int, end_id: int, pad_id: int
+    ) -> list[int]:
+        """One greedy request to a decoupled model: the new tokens of every streamed response
+        (the repository excludes the input from the output), up to the final response."""
+        import queue
+
+        c = self.client_module
+        pieces: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        inputs = self.request(prompt, max_new_tokens, end_id, pad_id)
+        flag = c.InferInput("streaming", [1, 1], "BOOL")
+        flag.set_data_from_numpy(np.array([[True]]))
+        tokens: list[int] = []
+        self.client.start_stream(callback=lambda result, error: pieces.put((result, error)))
+        try:
+            self.client.async_stream_infer(
+                self.model, [*inputs, flag], enable_empty_final_response=True
+            )
+            while True:
+                try:
+                    result, error = pieces.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise EngineError(
+                        f"no streamed response from {self.model} within {self.timeout:g} s"
+                    ) from None
+                if error is not None:
+                    raise EngineError(f"Triton refused a streamed request to {self.model}: {error}")
+                ids = result.as_numpy("output_ids")
+                if ids is not None:
+                    tokens += ids.reshape(-1).tolist()
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return tokens
+        finally:
+            self.client.stop_stream()
 
     def forward(self, ids: torch.Tensor, **_: Any) -> torch.Tensor:
         raise EngineError("a Triton deployment gives no teacher-forced logits")
