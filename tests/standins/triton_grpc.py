@@ -12,16 +12,9 @@ from concurrent import futures
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from .triton_http import bytes_elements
+
 MODELS = ("ensemble", "tensorrt_llm")
-
-
-def _bytes(raw: bytes) -> list[str]:
-    out, at = [], 0
-    while at < len(raw):
-        (n,) = struct.unpack_from("<I", raw, at)
-        out.append(raw[at + 4 : at + 4 + n].decode())
-        at += 4 + n
-    return out
 
 
 def _response(
@@ -93,7 +86,7 @@ class StandInStreamingTriton:
         return f"grpc://127.0.0.1:{self.port}"
 
     def text(self, name: str, index: int = -1) -> str:
-        return _bytes(self.service.requests[index][name])[0]
+        return bytes_elements(self.service.requests[index][name])[0]
 
     def shutdown(self) -> None:
         self.server.stop(0)

@@ -16,14 +16,19 @@ import numpy as np
 DTYPES = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
 
 
+def bytes_elements(raw: bytes) -> list[str]:
+    """Triton's BYTES tensor encoding: each element a 4-byte little-endian length, then it."""
+    out, at = [], 0
+    while at < len(raw):
+        (n,) = struct.unpack_from("<I", raw, at)
+        out.append(raw[at + 4 : at + 4 + n].decode())
+        at += 4 + n
+    return out
+
+
 def _decode(item: dict, raw: bytes) -> list:
     if item["datatype"] == "BYTES":
-        out, at = [], 0
-        while at < len(raw):
-            (n,) = struct.unpack_from("<I", raw, at)
-            out.append(raw[at + 4 : at + 4 + n].decode())
-            at += 4 + n
-        return out
+        return bytes_elements(raw)
     return np.frombuffer(raw, dtype=DTYPES[item["datatype"]]).tolist()
 
 

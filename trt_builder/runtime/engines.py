@@ -99,32 +99,12 @@ class TritonRuntime:
     name = "triton"
 
     def __init__(self, url: str, *, model: str = "tensorrt_llm", timeout: float = 60.0) -> None:
-        grpc = not url.startswith("http")
-        try:
-            if grpc:
-                import tritonclient.grpc as client
-            else:
-                import tritonclient.http as client
-        except ImportError:
-            raise InputError(
-                "tritonclient is missing: pip install 'tritonclient[grpc,http]'"
-            ) from None
-        self.client_module = client
-        target = url.removeprefix("grpc://").removeprefix("http://").removeprefix("https://")
-        self.client = client.InferenceServerClient(url=target)
+        from ..triton.client import connect
+
+        self.client_module, self.client, grpc = connect(url, model=model, timeout=timeout)
         self.model = model
         self.timeout = timeout
         self.teacher_forced = False
-        try:
-            ready = self.client.is_server_ready() and self.client.is_model_ready(model)
-        except Exception as exc:  # tritonclient raises its own and transport errors
-            raise InputError(
-                f"cannot reach Triton at {url} ({exc}): start the server or fix --url"
-            ) from None
-        if not ready:
-            raise InputError(
-                f"model {model} is not ready on {url}: load it (explicit model control) and retry"
-            )
         self.decoupled = self._decoupled()
         if self.decoupled and not grpc:
             raise InputError(
@@ -196,36 +176,17 @@ class TritonRuntime:
     ) -> list[int]:
         """One greedy request to a decoupled model: the new tokens of every streamed response
         (the repository excludes the input from the output), up to the final response."""
-        import queue
+        from ..triton.client import stream_results
 
-        c = self.client_module
-        pieces: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        inputs = self.request(prompt, max_new_tokens, end_id, pad_id)
-        flag = c.InferInput("streaming", [1, 1], "BOOL")
+        flag = self.client_module.InferInput("streaming", [1, 1], "BOOL")
         flag.set_data_from_numpy(np.array([[True]]))
+        inputs = [*self.request(prompt, max_new_tokens, end_id, pad_id), flag]
         tokens: list[int] = []
-        self.client.start_stream(callback=lambda result, error: pieces.put((result, error)))
-        try:
-            self.client.async_stream_infer(
-                self.model, [*inputs, flag], enable_empty_final_response=True
-            )
-            while True:
-                try:
-                    result, error = pieces.get(timeout=self.timeout)
-                except queue.Empty:
-                    raise EngineError(
-                        f"no streamed response from {self.model} within {self.timeout:g} s"
-                    ) from None
-                if error is not None:
-                    raise EngineError(f"Triton refused a streamed request to {self.model}: {error}")
-                ids = result.as_numpy("output_ids")
-                if ids is not None:
-                    tokens += ids.reshape(-1).tolist()
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    return tokens
-        finally:
-            self.client.stop_stream()
+        for result in stream_results(self.client, self.model, inputs, timeout=self.timeout):
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                tokens += ids.reshape(-1).tolist()
+        return tokens
 
     def forward(self, ids: torch.Tensor, **_: Any) -> torch.Tensor:
         raise EngineError("a Triton deployment gives no teacher-forced logits")

@@ -122,22 +122,27 @@ def stream(
             "--stream needs a gRPC URL (grpc://HOST:8001): tritonclient streams over gRPC"
         )
     module, client, _ = connect(url, model=model, timeout=timeout)
+    for result in stream_results(client, model, _inputs(module, request, True), timeout=timeout):
+        if result.as_numpy("text_output") is not None:
+            yield _text(result)
+
+
+def stream_results(client: Any, model: str, inputs: list[Any], *, timeout: float) -> Iterator[Any]:
+    """Every response of one request to a decoupled model over a gRPC stream, up to the
+    server's (empty) final response; EngineError on a refusal or after `timeout` of silence."""
     pieces: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: pieces.put((result, error)))
     try:
-        client.async_stream_infer(model, _inputs(module, request, True),
-                                  enable_empty_final_response=True)  # fmt: skip
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
             try:
                 result, error = pieces.get(timeout=timeout)
             except queue.Empty:
-                raise EngineError(f"no response from Triton within {timeout:g} s") from None
+                raise EngineError(f"no response from {model} within {timeout:g} s") from None
             if error is not None:
-                raise EngineError(f"Triton refused the request: {error}")
-            response = result.get_response()
-            final = response.parameters.get("triton_final_response")
-            if result.as_numpy("text_output") is not None:
-                yield _text(result)
+                raise EngineError(f"Triton refused the request to {model}: {error}")
+            yield result
+            final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 return
     finally:
