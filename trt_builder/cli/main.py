@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..errors import EXIT_CODES, TrtBuilderError, VerifyFailed
+from ..errors import EXIT_CODES, NightlyFailed, TrtBuilderError, VerifyFailed
 from ..pipeline import BuildResult, run
 from ..spec import load_toml, make_spec
 from . import options
@@ -408,6 +408,122 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
         click.echo(json.dumps({"ok": True, "url": url, "model": model, "text": answer}, indent=2))
 
 
+@cli.command("nightly", epilog=EPILOG_EXIT)
+@click.argument("fleet_file", metavar="FLEET", type=click.Path(path_type=Path))
+@click.option("--entry", "entries", multiple=True, metavar="ID",
+              help="Only this entry (MODEL/VARIANT) or model id; repeatable.")  # fmt: skip
+@click.option("--matrix", is_flag=True,
+              help="Print a GitHub Actions matrix (one line of JSON) of the entries and exit.")  # fmt: skip
+@click.option("--offline", is_flag=True,
+              help="Ask no hub: build pinned revisions (the pin, else the last run's).")  # fmt: skip
+@click.option("--accept", multiple=True, metavar="ID",
+              help="Accept this entry's (or model's) regressions: its figures become the baseline.")  # fmt: skip
+@click.option("--report-dir", type=click.Path(path_type=Path), default=Path("nightly-reports"),
+              show_default=True, help="Where nightly.json, nightly.junit.xml and nightly.md go.")  # fmt: skip
+@click.option("--lock-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for another build of the same target.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, offline: bool,
+                    accept: tuple[str, ...], report_dir: Path, lock_timeout: float,
+                    as_json: bool, debug: bool) -> None:  # fmt: skip
+    """Rebuild a fleet (models x variants, a TOML file): resolve upstream revisions, rerun only
+    the stages whose keys changed, verify, and compare each metric with the entry's last good
+    run. Exits 11 when an entry fails a gate, errors, or regressed beyond its tolerance.
+
+    \b
+    Examples:
+      trt-builder nightly fleet.toml
+      trt-builder nightly fleet.toml --matrix
+      trt-builder nightly fleet.toml --entry smollm2/int8 --report-dir reports
+    """
+    import os
+
+    from ..fleet import load_fleet
+    from ..nightly import check, run_nightly
+    from ..nightly_report import write_reports
+
+    fleet = load_fleet(fleet_file)
+    if matrix:
+        click.echo(json.dumps(fleet.matrix(fleet.select(entries)), separators=(",", ":")))
+        return
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    progress = None if as_json else StageProgress(err)
+
+    def on_entry(event: str, i: int, n: int, er: Any) -> None:
+        if as_json:
+            return
+        if event == "start":
+            err.print(f"[bold][{i + 1}/{n}] {escape(er.entry.id)}[/]")
+            return
+        style = {"passed": "green", "failed": "red", "regressed": "red"}.get(er.status, "red")
+        rebuilt = ", ".join(er.rebuilt) if er.rebuilt else "nothing rebuilt"
+        err.print(f"  [{style}]{er.status}[/] ({rebuilt}, {er.seconds:.1f} s)")
+        for line in er.regressions or ([er.message] if er.message else []):
+            err.print(f"  [red]{escape(line)}[/]", soft_wrap=True)
+
+    result = run_nightly(fleet, select=entries, offline=True if offline else None, accept=accept,
+                         lock_timeout=lock_timeout, listener=progress, on_entry=on_entry)  # fmt: skip
+    paths = write_reports(result, report_dir)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, default=str))
+    else:
+        counts = result.counts()
+        err.print(
+            f"nightly {fleet.name}: {counts['passed']}/{len(result.entries)} good in "
+            f"{result.seconds:.1f} s; reports: {escape(str(paths['markdown']))}, "
+            f"{escape(str(paths['junit']))}"
+        )
+    check(result, paths["markdown"])
+
+
+@cli.command("gc", epilog=EPILOG_EXIT)
+@click.argument("fleet_files", metavar="FLEET...", nargs=-1, required=True,
+                type=click.Path(path_type=Path))  # fmt: skip
+@click.option("--older-than", type=options.Duration(least=0),
+              help="Remove only what was last built longer ago (e.g. 7d, 12h, 0). Default: the "
+              "fleet's [gc] older_than, else 7d.")  # fmt: skip
+@click.option("--keep-revisions", type=click.IntRange(min=0),
+              help="Unreferenced revisions of each model kept anyway, newest first (default: "
+              "[gc] keep_revisions, else 1: the one before, for a rollback).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
+               keep_revisions: int | None, dry_run: bool, as_json: bool, debug: bool) -> None:  # fmt: skip
+    """Remove old variants and their Triton repositories from the fleets' roots, never one a
+    fleet references (what it builds now, and what its last run and last good run built).
+
+    \b
+    Examples:
+      trt-builder gc fleet.toml --dry-run
+      trt-builder gc fleet.toml --older-than 14d --keep-revisions 2
+    """
+    from ..fleet import gc_settings, load_fleet
+    from ..gc import collect
+
+    fleets = [load_fleet(path) for path in fleet_files]
+    settings = gc_settings(fleet_files[0])
+    if older_than is None:
+        older_than = options.Duration(least=0).convert(settings.get("older_than", "7d"), None, None)
+    if keep_revisions is None:
+        keep_revisions = int(settings.get("keep_revisions", 1))
+    result = collect(fleets, older_than=older_than, keep_revisions=keep_revisions,
+                     dry_run=dry_run)  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for removal in result.removed:
+        err.print(f"{verb} {removal.kind} {escape(str(removal.path))} "
+                  f"({removal.bytes / 2**20:.1f} MiB): {escape(removal.reason)}")  # fmt: skip
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}")
+    err.print(f"{verb} {len(result.removed)} item(s), {result.freed / 2**20:.1f} MiB; "
+              f"kept {len(result.kept)} referenced variant(s)")  # fmt: skip
+
+
 @cli.command("doctor")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("engines"), show_default=True,
               help="Engines root whose disk is checked.")  # fmt: skip
@@ -483,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        if as_json and not isinstance(exc, VerifyFailed):
+        if as_json and not isinstance(exc, (VerifyFailed, NightlyFailed)):  # printed their own
             click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
         return exc.exit_code
     except Exception as exc:  # the one place an unexpected error becomes a message

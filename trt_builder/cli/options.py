@@ -15,10 +15,10 @@ F = Callable[..., Any]
 
 
 class Duration(click.ParamType):
-    """Seconds, or a number with s, m or h: 90m, 4h."""
+    """Seconds, or a number with s, m, h or d: 90m, 4h, 7d."""
 
     name = "duration"
-    _UNITS = {"s": 1, "m": 60, "h": 3600}
+    _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
@@ -30,9 +30,12 @@ class Duration(click.ParamType):
             seconds = float(number) * (unit or 1)
         except ValueError:
             self.fail(f"{value!r} is not a duration: give seconds, or e.g. 90m or 4h", param, ctx)
-        if seconds < 1:
-            self.fail(f"{value!r} is too short: give at least 1 second", param, ctx)
+        if seconds < self.least:
+            self.fail(f"{value!r} is too short: give at least {self.least} second(s)", param, ctx)
         return int(seconds)
+
+    def __init__(self, least: int = 1) -> None:
+        self.least = least
 
 
 DURATION = Duration()

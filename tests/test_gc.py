@@ -1,0 +1,124 @@
+"""`trt-builder gc`: retention by age and revisions, never what a fleet references."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trt_builder.cli.main import main
+from trt_builder.nightly import History
+
+FLEET = """
+[fleet]
+name = "gc"
+[defaults.verify]
+heldout_tokens = 128
+[[models]]
+model = "mine"
+  [[models.variants]]
+  name = "fp32"
+  dtype = "float32"
+{extra}
+"""
+SECOND = '  [[models.variants]]\n  name = "fp16"\n  dtype = "float16"\n'
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    code = main([*args, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def _tree(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir()}
+
+
+@pytest.mark.integration
+def test_gc_removes_what_the_fleet_dropped_and_old_revisions_but_never_a_reference(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(tiny_llama, tmp_path / "mine")
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET.replace("{extra}", SECOND))
+    code, first = _json(capsys, "nightly", str(fleet))
+    assert code == 0 and first["ok"]
+    (revision,) = {e["revision"] for e in first["entries"]}
+    engines, triton = tmp_path / "engines", tmp_path / "triton_repo"
+    fp16 = engines / "mine" / revision / "float16-tp1-pp1"
+    fp16_repo = f"mine-{revision.removeprefix('sha256-')[:8]}-float16-tp1-pp1"
+    assert fp16.is_dir() and (triton / fp16_repo).is_symlink()
+
+    # The fp16 variant leaves the fleet. Within the default 7 days nothing goes; a dry run
+    # lists it and removes nothing.
+    fleet.write_text(FLEET.replace("{extra}", ""))
+    assert _json(capsys, "gc", str(fleet))[1]["removed"] == []
+    before = _tree(tmp_path)
+    code, dry = _json(capsys, "gc", str(fleet), "--older-than", "0", "--dry-run")
+    assert code == 0 and _tree(tmp_path) == before
+    assert {(r["kind"], Path(r["path"]).name) for r in dry["removed"]} == {
+        ("variant", "float16-tp1-pp1"), ("triton", fp16_repo)}  # fmt: skip
+    code, done = _json(capsys, "gc", str(fleet), "--older-than", "0")
+    assert code == 0 and done["removed"] == dry["removed"] and done["freed_bytes"] > 0
+    assert not fp16.exists() and not (triton / fp16_repo).exists()
+    assert not (triton / ".versions" / fp16_repo).exists()
+    assert (engines / "mine" / revision / "float32-tp1-pp1" / "checkpoint").is_dir()
+    memo = json.loads((engines / ".trt-builder" / "digests.json").read_text())
+    assert not [k for k in memo if "/float16-tp1-pp1/" in k]  # forgotten with the files
+    code, again = _json(capsys, "nightly", str(fleet))  # the referenced variant is whole
+    assert code == 0 and again["entries"][0]["rebuilt"] == []
+
+    # The model changes: a new revision is built. The old one is kept as the one before (for a
+    # rollback) until keep-revisions 0 lets it go, whole: variant, hf/, its Triton repository.
+    config = tmp_path / "mine" / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_new_tokens": 7}))
+    code, moved = _json(capsys, "nightly", str(fleet))
+    new_revision = moved["entries"][0]["revision"]
+    assert code == 0 and new_revision != revision
+    assert moved["entries"][0]["previous_revision"] == revision
+    code, kept = _json(capsys, "gc", str(fleet), "--older-than", "0")
+    assert kept["removed"] == [] and (engines / "mine" / revision).is_dir()
+    code, gone = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert {r["kind"] for r in gone["removed"]} == {"variant", "triton", "revision"}
+    assert not (engines / "mine" / revision).exists()
+    assert sorted(p.name for p in (engines / "mine").iterdir()) == [new_revision]
+    code, last = _json(capsys, "nightly", str(fleet))
+    assert code == 0 and last["entries"][0]["rebuilt"] == []
+
+
+def test_history_references_the_last_run_and_the_last_good_one(tmp_path: Path) -> None:
+    """What gc keeps of a hub model: the revision the last run built and, when that run
+    failed, the last one that passed (what is likely deployed)."""
+    history = History(tmp_path / "h.json")
+    for run_id, revision, status in (("1", "aaa", "passed"), ("2", "bbb", "passed"),
+                                     ("3", "ccc", "failed")):  # fmt: skip
+        history.append({"run_id": run_id, "entries": {"m/v": {"status": status,
+                        "revision": revision, "fingerprint": "f", "metrics": {}}}}, keep=10)  # fmt: skip
+    assert History(tmp_path / "h.json").referenced("m/v") == {"ccc", "bbb"}
+    assert history.last_good("m/v", "f")["run_id"] == "2"  # type: ignore[index]
+    assert history.last_good("m/v", "other") is None
+    history.append({"run_id": "4", "entries": {}}, keep=2)
+    assert [r["run_id"] for r in History(tmp_path / "h.json").runs] == ["3", "4"]
+
+
+def test_gc_keeps_every_revision_of_a_hub_model_it_knows_nothing_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[models]]\nmodel = "org/m"\n  [[models.variants]]\n  dtype = "float16"\n')
+    old = tmp_path / "engines" / "org--m" / ("a" * 40) / "float16-tp1-pp1"
+    old.mkdir(parents=True)
+    (old / "manifest.json").write_text("{}")
+    code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert code == 0 and result["removed"] == [] and old.is_dir()
+    assert any("every revision of org/m is kept" in n for n in result["notes"])
+
+
+def test_gc_refuses_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[models]]\nmodel = "org/m"\n  [[models.variants]]\n  dtype = "float16"\n')
+    assert main(["gc", str(fleet), "--older-than", "soon"]) == 2
+    assert "is not a duration" in capsys.readouterr().err

@@ -1,0 +1,375 @@
+"""The fleet file: the models a nightly run rebuilds, each with its variants, as one TOML file.
+
+Every variant is an ordinary build spec (the keys of `trt-builder build --config`), merged
+from the fleet's `[defaults]`, its model's keys and its own. Paths in the file are relative to
+the file. docs/nightly.md has the format.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .digests import sha256_json
+from .errors import SpecError
+from .source import DEFAULT_MODEL_NAME
+from .spec import BuildSpec, load_toml, make_spec
+
+#: GitHub Actions runs at most 256 jobs from one matrix.
+MAX_MATRIX = 256
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much worse than the last good run a metric may get: the larger of an absolute
+    amount and a fraction of the old value."""
+
+    absolute: float = 0.0
+    relative: float = 0.0
+
+    def allowed(self, old: float) -> float:
+        return max(self.absolute, self.relative * abs(old))
+
+    def describe(self) -> str:
+        parts = [f"{self.absolute:g}"] if self.absolute else []
+        parts += [f"{self.relative:.0%} of the old value"] if self.relative else []
+        return " or ".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A verify figure the nightly compares run to run."""
+
+    name: str  # the key in the verify stage's record (and in the history)
+    label: str
+    higher_is_better: bool
+    fmt: str
+
+
+METRICS = (
+    Metric("top1", "top-1 agreement", True, "{:.4f}"),
+    Metric("kl_mean", "mean KL", False, "{:.3e}"),
+    Metric("ppl_delta_pct", "held-out perplexity increase (%)", False, "{:+.3f}"),
+    Metric("greedy_agreement", "greedy agreement", True, "{:.3f}"),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+
+#: Defaults, for verify on a fixed prompt set and held-out text (deterministic on one device):
+#: half a point of top-1, half the KL again (at least 1e-5), a quarter point of perplexity,
+#: a tenth of greedy agreement (one early divergence moves it a lot).
+DEFAULT_TOLERANCES = {
+    "top1": Tolerance(absolute=0.005),
+    "kl_mean": Tolerance(absolute=1e-5, relative=0.5),
+    "ppl_delta_pct": Tolerance(absolute=0.25),
+    "greedy_agreement": Tolerance(absolute=0.1),
+}
+
+_FLEET_KEYS = ("name", "out", "triton_root", "history", "keep_runs", "runner_labels")
+_MODEL_KEYS = ("id", "model", "revision", "pin", "variants")
+_VARIANT_KEYS = ("name", "tolerance", "runner_labels")
+_FIXED_SPEC_KEYS = ("out", "triton_root", "model", "revision")  # set by the fleet, not per variant
+_SHA = re.compile(r"[0-9a-f]{40}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model x variant of the fleet: what one nightly job builds and checks."""
+
+    id: str  # "<model id>/<variant name>"
+    model_id: str
+    name: str
+    model: str | None  # as --model: a hub repo id, a local path (absolute here), None: default
+    revision: str | None  # requested: a branch, tag or commit sha (hub models only)
+    pin: str | None  # the commit sha built offline
+    table: dict[str, Any]  # the merged spec table, without model/revision/out/triton_root
+    tolerances: dict[str, Tolerance]
+    runner_labels: tuple[str, ...]
+    out: Path
+    triton_root: Path
+
+    @property
+    def hub(self) -> bool:
+        """A hub repo id (its revision is resolved), not a local path or the default model."""
+        return self.model is not None and not Path(self.model).is_absolute()
+
+    def spec(self, revision: str | None = None) -> BuildSpec:
+        """The build spec of this entry, at `revision` (a commit sha for a hub model)."""
+        return make_spec(
+            copy.deepcopy(self.table),
+            model=self.model,
+            revision=revision if self.hub else None,
+            out=self.out,
+            triton_root=self.triton_root,
+        )
+
+    def fingerprint(self, spec: BuildSpec) -> str:
+        """What the verify metrics measure, less the revision: a changed fingerprint starts a new
+        baseline (the gates, limits, target GPU and Triton settings do not change them)."""
+        return sha256_json(
+            {
+                "model": self.model if self.hub else self.model_id,
+                "mode": spec.mode.to_json(),
+                "tp": spec.tp,
+                "pp": spec.pp,
+                "calibration": spec.calibrate.key_fields() if spec.mode.needs_calibration else None,
+                "verify": {
+                    "max_new_tokens": spec.verify.max_new_tokens,
+                    "heldout_tokens": spec.verify.heldout_tokens,
+                    "device": spec.verify.device,
+                },
+            }
+        )[:16]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    path: Path
+    name: str
+    entries: tuple[Entry, ...]
+    out: Path
+    triton_root: Path
+    history: Path
+    keep_runs: int = 100
+    runner_labels: tuple[str, ...] = ("self-hosted", "linux", "gpu")
+    models: dict[str, Entry] = field(default_factory=dict)  # model id -> its first entry
+
+    def select(self, ids: tuple[str, ...]) -> tuple[Entry, ...]:
+        """The entries named (an entry id, or a model id for all its variants); all if none."""
+        if not ids:
+            return self.entries
+        known = {e.id for e in self.entries} | {e.model_id for e in self.entries}
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise SpecError(
+                f"--entry {unknown[0]!r} is not in {self.path}: use one of "
+                + ", ".join(e.id for e in self.entries)
+            )
+        return tuple(e for e in self.entries if e.id in ids or e.model_id in ids)
+
+    def matrix(self, entries: tuple[Entry, ...]) -> dict[str, Any]:
+        """A GitHub Actions matrix (`strategy.matrix: ${{ fromJSON(...) }}`): a job an entry,
+        on a runner with the fleet's labels and the target GPU's."""
+        if len(entries) > MAX_MATRIX:
+            raise SpecError(
+                f"{len(entries)} entries exceed GitHub's {MAX_MATRIX} jobs a matrix: split the "
+                "fleet, or pass --entry MODEL_ID for a part of it"
+            )
+        include = []
+        for entry in entries:
+            spec = entry.spec(None if not entry.hub else entry.pin)
+            include.append(
+                {
+                    "entry": entry.id,
+                    "model": entry.model_id,
+                    "variant": entry.name,
+                    "dtype": spec.dtype,
+                    "tp": spec.tp,
+                    "pp": spec.pp,
+                    "gpus": spec.tp * spec.pp,
+                    "target_gpu": spec.target_gpu,
+                    "runs_on": [*entry.runner_labels, spec.target_gpu.lower()],
+                }
+            )
+        return {"include": include}
+
+
+def _where(path: Path, *parts: object) -> str:
+    return f"{path}: " + "".join(str(p) for p in parts)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on `base`, tables merged key by key."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _tolerances(table: Any, where: str) -> dict[str, Tolerance]:
+    if not isinstance(table, dict):
+        raise SpecError(
+            f"{where}: tolerance is a table of metric = number or {{absolute, relative}}"
+        )
+    out = {}
+    for name, value in table.items():
+        if name not in METRIC_NAMES:
+            raise SpecError(
+                f"{where}: unknown metric {name!r} in tolerance: use {', '.join(METRIC_NAMES)}"
+            )
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = {"absolute": value}
+        if not isinstance(value, dict) or set(value) - {"absolute", "relative"}:
+            raise SpecError(
+                f"{where}: tolerance.{name} is a number (absolute) or "
+                "{ absolute = X, relative = Y }"
+            )
+        tol = Tolerance(float(value.get("absolute", 0.0)), float(value.get("relative", 0.0)))
+        if tol.absolute < 0 or tol.relative < 0:
+            raise SpecError(f"{where}: tolerance.{name} must not be negative")
+        out[name] = tol
+    return out
+
+
+def _path(base: Path, value: Any, where: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{where} is a path (a string)")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _model_ref(base: Path, value: Any, where: str) -> str | None:
+    """A local path (made absolute against the fleet file) or a hub repo id, as given."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{where}.model is a hub repo id or a path (a string)")
+    local = base / Path(value).expanduser()
+    if local.exists() or value.startswith((".", "/", "~")) or value.endswith(".gguf"):
+        return str(local.resolve())
+    return value
+
+
+def _labels(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SpecError(f"{where}: runner_labels is a list of runner labels (strings)")
+    return tuple(value)
+
+
+def _check_id(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise SpecError(
+            f"{where}: {value!r} is not a valid id: letters, digits, '.', '_' and '-' only"
+        )
+    return value
+
+
+def load_fleet(path: Path) -> Fleet:
+    """Read and check a fleet file: every entry's spec is validated before anything runs."""
+    data = load_toml(path)
+    base = path.resolve().parent
+    unknown = sorted(set(data) - {"fleet", "defaults", "tolerance", "models", "gc"})
+    if unknown:
+        raise SpecError(
+            _where(
+                path,
+                f"unknown table(s) {', '.join(unknown)}: use [fleet], [defaults], "
+                "[tolerance], [gc] and [[models]]",
+            )  # fmt: skip
+        )
+    head = data.get("fleet") or {}
+    bad = sorted(set(head) - set(_FLEET_KEYS))
+    if bad:
+        raise SpecError(_where(path, f"[fleet] has unknown key(s) {', '.join(bad)}: valid keys "
+                               f"are {', '.join(_FLEET_KEYS)}"))  # fmt: skip
+    name = _check_id(head.get("name", path.stem), _where(path, "[fleet] name"))
+    out = _path(base, head.get("out", "engines"), _where(path, "[fleet] out"))
+    triton_root = _path(base, head.get("triton_root", "triton_repo"), _where(path, "[fleet] triton_root"))  # fmt: skip
+    history = (
+        _path(base, head["history"], _where(path, "[fleet] history"))
+        if "history" in head
+        else out / ".trt-builder" / f"nightly-{name}.json"
+    )
+    keep_runs = head.get("keep_runs", 100)
+    if not isinstance(keep_runs, int) or isinstance(keep_runs, bool) or keep_runs < 2:
+        raise SpecError(_where(path, "[fleet] keep_runs must be an integer >= 2"))
+    fleet_labels = _labels(head.get("runner_labels", ["self-hosted", "linux", "gpu"]),
+                           _where(path, "[fleet]"))  # fmt: skip
+    defaults = data.get("defaults") or {}
+    for key in _FIXED_SPEC_KEYS:
+        if key in defaults:
+            raise SpecError(_where(path, f"[defaults] cannot set {key}: it is set by [fleet] or "
+                                   "each [[models]] entry"))  # fmt: skip
+    tolerances = {**DEFAULT_TOLERANCES, **_tolerances(data.get("tolerance") or {}, _where(path, "[tolerance]"))}  # fmt: skip
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise SpecError(_where(path, "no [[models]]: add at least one model with its [[models.variants]]"))  # fmt: skip
+
+    entries: list[Entry] = []
+    seen_dirs: dict[tuple[str, str], str] = {}
+    for i, model in enumerate(models):
+        where = _where(path, f"models[{i}]")
+        bad = sorted({"out", "triton_root"} & set(model))
+        if bad:
+            raise SpecError(f"{where}: {bad[0]} is set once, in [fleet]")
+        ref = _model_ref(base, model.get("model"), where)
+        model_id = _check_id(
+            model.get("id") or (Path(ref).stem if ref and Path(ref).is_absolute()
+                                else (ref or DEFAULT_MODEL_NAME).split("/")[-1]),
+            f"{where}.id",
+        )  # fmt: skip
+        if any(e.model_id == model_id for e in entries):
+            raise SpecError(f"{where}: model id {model_id!r} is used twice: give each an id")
+        hub = ref is not None and not Path(ref).is_absolute()
+        revision, pin = model.get("revision"), model.get("pin")
+        if not hub and (revision is not None or pin is not None):
+            raise SpecError(
+                f"{where}: revision and pin apply to hub repo ids, not to a local path or the "
+                "default model (their revision is their content): drop them"
+            )
+        if hub and revision is None:
+            revision = "main"
+        if pin is not None and not (isinstance(pin, str) and _SHA.fullmatch(pin)):
+            raise SpecError(f"{where}: pin must be a 40-hex commit sha, got {pin!r}")
+        model_table = {k: v for k, v in model.items() if k not in _MODEL_KEYS}
+        variants = model.get("variants")
+        if not isinstance(variants, list) or not variants:
+            raise SpecError(f"{where}: no [[models.variants]]: add at least one (e.g. dtype = \"float16\")")  # fmt: skip
+        for j, variant in enumerate(variants):
+            vwhere = f"{where}.variants[{j}]"
+            bad = sorted(set(_FIXED_SPEC_KEYS) & set(variant))
+            if bad:
+                raise SpecError(f"{vwhere}: {bad[0]} is set by the model or [fleet], not a variant")
+            table = _merge(_merge(defaults, model_table),
+                           {k: v for k, v in variant.items() if k not in _VARIANT_KEYS})  # fmt: skip
+            entry = Entry(
+                id="",
+                model_id=model_id,
+                name="",
+                model=ref,
+                revision=revision,
+                pin=pin,
+                table=table,
+                tolerances={**tolerances, **_tolerances(variant.get("tolerance") or {}, vwhere)},
+                runner_labels=_labels(variant.get("runner_labels", list(fleet_labels)), vwhere),
+                out=out,
+                triton_root=triton_root,
+            )
+            try:
+                spec = entry.spec(revision if revision and _SHA.fullmatch(revision) else None)
+            except SpecError as exc:
+                raise SpecError(f"{vwhere}: {exc}") from None
+            vname = _check_id(variant.get("name", spec.variant), f"{vwhere}.name")
+            entry = Entry(**{**entry.__dict__, "id": f"{model_id}/{vname}", "name": vname})
+            if any(e.id == entry.id for e in entries):
+                raise SpecError(f"{vwhere}: entry {entry.id!r} is defined twice: name the variants")
+            where_built = (ref or "default", spec.variant)
+            other = seen_dirs.get(where_built)
+            if other:
+                raise SpecError(
+                    f"{vwhere}: {entry.id} and {other} build the same directory ({spec.variant}): "
+                    "variants of a model must differ in dtype, quantization, tp or pp"
+                )
+            seen_dirs[where_built] = entry.id
+            entries.append(entry)
+    firsts: dict[str, Entry] = {}
+    for e in entries:
+        firsts.setdefault(e.model_id, e)
+    return Fleet(path, name, tuple(entries), out, triton_root, history, keep_runs,
+                 fleet_labels, firsts)  # fmt: skip
+
+
+def gc_settings(path: Path) -> dict[str, Any]:
+    """The fleet file's [gc] table (retention policy defaults for `trt-builder gc`)."""
+    table = load_toml(path).get("gc") or {}
+    bad = sorted(set(table) - {"older_than", "keep_revisions"})
+    if bad:
+        raise SpecError(_where(path, f"[gc] has unknown key(s) {', '.join(bad)}: valid keys "
+                               "are older_than, keep_revisions"))  # fmt: skip
+    return dict(table)

@@ -1,0 +1,310 @@
+"""`trt-builder gc`: remove old variants (and their Triton repositories) by a retention policy,
+never one that a fleet references.
+
+A fleet references, for each entry, the revision it builds now (a local model's content, a
+pinned commit) and the revisions its last run and its last good run built (from the nightly
+history): the last good one may be what is deployed. Everything else under the fleets' engines
+and Triton roots is a candidate, removed when it was last built longer ago than `older_than`
+and it is not among the newest `keep_revisions` revisions of its model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from .digests import DigestCache
+from .errors import InputError
+from .fleet import Fleet
+from .layout import Layout, safe_name
+
+#: Directories of a revision that are not variants.
+_SHARED = ("hf", "calibration")
+_VERSIONS = ".versions"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A variant of a model revision: its engines directory and its Triton repository."""
+
+    model: str  # the model's directory name
+    revision: str  # the revision's directory name
+    variant: str
+
+    @property
+    def triton_name(self) -> str:
+        return Layout(Path(), self.model, self.revision, self.variant, Path()).triton_name
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}/{self.revision}/{self.variant}"
+
+
+@dataclass
+class Removal:
+    path: Path
+    kind: str  # variant | revision | triton
+    bytes: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "bytes": self.bytes,
+                "reason": self.reason}  # fmt: skip
+
+
+@dataclass
+class GcResult:
+    dry_run: bool
+    removed: list[Removal] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # referenced units, by id
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def freed(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "dry_run": self.dry_run,
+            "removed": [r.to_json() for r in self.removed],
+            "freed_bytes": self.freed,
+            "kept_referenced": sorted(self.kept),
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class _Refs:
+    units: set[Unit] = field(default_factory=set)
+    revisions: set[tuple[str, str]] = field(default_factory=set)  # (model, revision)
+    whole_models: set[str] = field(default_factory=set)  # keep every revision of these
+    notes: list[str] = field(default_factory=list)
+
+
+def _references(fleets: list[Fleet]) -> _Refs:
+    from .nightly import History
+    from .source import resolve_source
+
+    refs = _Refs()
+    for fleet in fleets:
+        history = History(fleet.history)
+        digests = DigestCache(fleet.out / ".trt-builder" / "digests.json")
+        for entry in fleet.entries:
+            spec = entry.spec(entry.pin)
+            revisions = set(history.referenced(entry.id))
+            if entry.hub:
+                name = str(entry.model)
+                for sha in (entry.pin, entry.revision):
+                    if sha and len(sha) == 40:
+                        revisions.add(sha)
+                if not revisions:
+                    refs.whole_models.add(safe_name(name))
+                    refs.notes.append(
+                        f"{entry.id}: no revision recorded yet (no nightly run, no pin): every "
+                        f"revision of {name} is kept"
+                    )
+                    continue
+            else:
+                try:
+                    source = resolve_source(entry.model, None, digests)
+                except InputError as exc:  # a local model that is gone: keep what it built
+                    refs.notes.append(f"{entry.id}: {exc}; its built revisions are kept")
+                    name = Path(entry.model or "").name
+                    refs.whole_models.add(safe_name(name))
+                    continue
+                name = source.name
+                revisions.add(source.revision)
+            for revision in revisions:
+                unit = Unit(safe_name(name), safe_name(revision), spec.variant)
+                refs.units.add(unit)
+                refs.revisions.add((unit.model, unit.revision))
+    return refs
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(dirpath) / name).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _last_used(*paths: Path) -> float:
+    """The newest mtime of a manifest or directory among `paths` (0 when none exists)."""
+    stamps = []
+    for path in paths:
+        for candidate in (path / "manifest.json", path):
+            try:
+                stamps.append(candidate.stat().st_mtime)
+                break
+            except OSError:
+                continue
+    return max(stamps, default=0.0)
+
+
+def _units_on_disk(fleets: list[Fleet]) -> dict[Unit, tuple[Path | None, Path | None]]:
+    """Every variant under the fleets' roots: (its engines directory, its Triton versions)."""
+    found: dict[Unit, list[Path | None]] = {}
+    for fleet in fleets:
+        if fleet.out.is_dir():
+            for model_dir in sorted(fleet.out.iterdir()):
+                if not model_dir.is_dir() or model_dir.name.startswith("."):
+                    continue
+                for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+                    for var in sorted(p for p in rev_dir.iterdir() if p.is_dir()):
+                        if var.name in _SHARED or var.name.startswith("."):
+                            continue
+                        unit = Unit(model_dir.name, rev_dir.name, var.name)
+                        found.setdefault(unit, [None, None])[0] = var
+    names = {u.triton_name: u for u in found}
+    for fleet in fleets:
+        versions = fleet.triton_root / _VERSIONS
+        if not versions.is_dir():
+            continue
+        for repo in sorted(p for p in versions.iterdir() if p.is_dir()):
+            owner = names.get(repo.name)
+            if owner is not None:
+                found[owner][1] = repo
+    return {u: (paths[0], paths[1]) for u, paths in found.items()}
+
+
+def _orphan_repositories(fleets: list[Fleet], known: set[str]) -> list[Path]:
+    """Triton repositories trt-builder published whose engines variant no longer exists."""
+    from .triton.repository import INFO
+
+    out = []
+    for fleet in fleets:
+        versions = fleet.triton_root / _VERSIONS
+        if not versions.is_dir():
+            continue
+        for repo in sorted(p for p in versions.iterdir() if p.is_dir()):
+            if repo.name not in known and any(repo.glob(f"*/{INFO}")):
+                out.append(repo)
+    return out
+
+
+def collect(
+    fleets: list[Fleet], *, older_than: float, keep_revisions: int, dry_run: bool = False
+) -> GcResult:
+    """Remove (or with dry_run, list) what no fleet references and the policy lets go."""
+    refs = _references(fleets)
+    result = GcResult(dry_run, notes=list(refs.notes))
+    now = time.time()
+    units = _units_on_disk(fleets)
+    result.kept = [u.id for u in units if u in refs.units]
+
+    # The newest keep_revisions unreferenced revisions of each model stay whole.
+    by_model: dict[str, dict[str, float]] = {}
+    for unit, (var, repo) in units.items():
+        if (unit.model, unit.revision) in refs.revisions:
+            continue
+        used = _last_used(*(p for p in (var, repo) if p is not None))
+        revs = by_model.setdefault(unit.model, {})
+        revs[unit.revision] = max(revs.get(unit.revision, 0.0), used)
+    spared = {
+        (model, rev)
+        for model, revs in by_model.items()
+        for rev in sorted(revs, key=lambda r: revs[r], reverse=True)[:keep_revisions]
+    }
+
+    for unit, (var, repo) in sorted(units.items(), key=lambda kv: kv[0].id):
+        if unit in refs.units or unit.model in refs.whole_models:
+            continue
+        if (unit.model, unit.revision) in spared:
+            continue
+        age = now - _last_used(*(p for p in (var, repo) if p is not None))
+        if age < older_than:
+            continue
+        days = age / 86400
+        reason = f"not in any fleet; last built {days:.1f} days ago"
+        if var is not None and not _remove(var, "variant", reason, result, lock=True):
+            continue
+        if repo is not None:
+            _remove_repository(repo, reason, result)
+
+    # A revision none of whose variants is left, and that no fleet references, goes whole.
+    for fleet in fleets:
+        if not fleet.out.is_dir():
+            continue
+        for model_dir in sorted(p for p in fleet.out.iterdir() if p.is_dir()):
+            if model_dir.name.startswith(".") or model_dir.name in refs.whole_models:
+                continue
+            for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+                if (model_dir.name, rev_dir.name) in refs.revisions | spared:
+                    continue
+                left = [p for p in rev_dir.iterdir() if p.is_dir() and p.name not in _SHARED
+                        and not p.name.startswith(".") and not _removed(p, result)]  # fmt: skip
+                age = now - _last_used(rev_dir / "hf")  # not rev_dir: removing changed it
+                if not left and age >= older_than:
+                    _remove(rev_dir, "revision", "no variant left and no fleet references it",
+                            result, lock=False)  # fmt: skip
+            if not dry_run and model_dir.is_dir() and not any(model_dir.iterdir()):
+                model_dir.rmdir()
+
+    known = {u.triton_name for u in units}
+    for repo in _orphan_repositories(fleets, known):
+        referenced = {u.triton_name for u in refs.units}
+        age = now - _last_used(repo)
+        if repo.name not in referenced and age >= older_than:
+            _remove_repository(repo, "its engines variant is gone", result)
+
+    if not dry_run and result.removed:
+        for fleet in fleets:
+            memo = DigestCache(fleet.out / ".trt-builder" / "digests.json")
+            memo.forget([r.path for r in result.removed])
+            memo.save()
+    return result
+
+
+def _removed(path: Path, result: GcResult) -> bool:
+    return any(r.path == path for r in result.removed)
+
+
+def _remove(path: Path, kind: str, reason: str, result: GcResult, *, lock: bool) -> bool:
+    """Remove `path` (renamed aside first, so it never looks whole while half deleted);
+    a variant another process is building is skipped."""
+    size = _size(path)
+    if result.dry_run:
+        result.removed.append(Removal(path, kind, size, reason))
+        return True
+    lock_path = path.parent / f".{path.name}.lock"
+    guard = FileLock(str(lock_path)) if lock else None
+    try:
+        if guard is not None:
+            guard.acquire(timeout=0)
+    except Timeout:
+        result.notes.append(f"{path} is being built: left for the next gc")
+        return False
+    try:
+        aside = path.with_name(f".{path.name}.gc-{os.getpid()}")
+        os.replace(path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        if guard is not None:
+            guard.release()
+            lock_path.unlink(missing_ok=True)
+            lock_path.with_name(lock_path.name + ".owner").unlink(missing_ok=True)
+    result.removed.append(Removal(path, kind, size, reason))
+    return True
+
+
+def _remove_repository(versions: Path, reason: str, result: GcResult) -> None:
+    """A published repository: its `.versions/<name>/` and the `<name>` link to it."""
+    root = versions.parent.parent
+    link = root / versions.name
+    if not _remove(versions, "triton", reason, result, lock=False):
+        return
+    if not result.dry_run:
+        if link.is_symlink():
+            link.unlink()
+        (root / f".{versions.name}.lock").unlink(missing_ok=True)
