@@ -65,6 +65,13 @@ RELEASES = (
     Release("1.2", None, None, frozenset({"--auto_parallel", "--gpus_per_node", "--cluster_key"})),
 )
 PINNED = f">={RELEASES[0].version},<1.3"
+#: The release the Dockerfile's image is built on: the newest whose NGC container is known.
+IMAGE_RELEASE = next(r for r in reversed(RELEASES) if r.container)
+
+
+def container_image(release: Release = IMAGE_RELEASE) -> str:
+    """The NGC Triton + TensorRT-LLM image that ships `release` (the Dockerfile's base)."""
+    return f"nvcr.io/nvidia/tritonserver:{release.container}-trtllm-python-py3"
 
 
 def release_for(trtllm_version: str) -> Release:
