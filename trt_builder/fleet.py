@@ -192,6 +192,10 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _tolerances(table: Any, where: str) -> dict[str, Tolerance]:
     if not isinstance(table, dict):
         raise SpecError(
@@ -203,18 +207,41 @@ def _tolerances(table: Any, where: str) -> dict[str, Tolerance]:
             raise SpecError(
                 f"{where}: unknown metric {name!r} in tolerance: use {', '.join(METRIC_NAMES)}"
             )
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _is_number(value):
             value = {"absolute": value}
-        if not isinstance(value, dict) or set(value) - {"absolute", "relative"}:
+        if (
+            not isinstance(value, dict)
+            or set(value) - {"absolute", "relative"}
+            or not all(_is_number(v) for v in value.values())
+        ):
             raise SpecError(
                 f"{where}: tolerance.{name} is a number (absolute) or "
-                "{ absolute = X, relative = Y }"
+                "{ absolute = X, relative = Y } with numbers"
             )
         tol = Tolerance(float(value.get("absolute", 0.0)), float(value.get("relative", 0.0)))
         if tol.absolute < 0 or tol.relative < 0:
             raise SpecError(f"{where}: tolerance.{name} must not be negative")
         out[name] = tol
     return out
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    """A TOML table (an absent one is empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where} is a table, not {type(value).__name__} {value!r}")
+    return value
+
+
+def _tables(value: Any, where: str, what: str) -> list[dict[str, Any]]:
+    """A non-empty array of tables ([[...]])."""
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}: no {what}: add at least one")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise SpecError(f"{where}: {what} entry {i} is {item!r}, not a table")
+    return value
 
 
 def _path(base: Path, value: Any, where: str) -> Path:
@@ -263,7 +290,7 @@ def load_fleet(path: Path) -> Fleet:
                 "[tolerance], [gc] and [[models]]",
             )  # fmt: skip
         )
-    head = data.get("fleet") or {}
+    head = _table(data.get("fleet"), _where(path, "[fleet]"))
     bad = sorted(set(head) - set(_FLEET_KEYS))
     if bad:
         raise SpecError(_where(path, f"[fleet] has unknown key(s) {', '.join(bad)}: valid keys "
@@ -281,15 +308,15 @@ def load_fleet(path: Path) -> Fleet:
         raise SpecError(_where(path, "[fleet] keep_runs must be an integer >= 2"))
     fleet_labels = _labels(head.get("runner_labels", ["self-hosted", "linux", "gpu"]),
                            _where(path, "[fleet]"))  # fmt: skip
-    defaults = data.get("defaults") or {}
+    defaults = _table(data.get("defaults"), _where(path, "[defaults]"))
     for key in _FIXED_SPEC_KEYS:
         if key in defaults:
             raise SpecError(_where(path, f"[defaults] cannot set {key}: it is set by [fleet] or "
                                    "each [[models]] entry"))  # fmt: skip
     tolerances = {**DEFAULT_TOLERANCES, **_tolerances(data.get("tolerance") or {}, _where(path, "[tolerance]"))}  # fmt: skip
-    models = data.get("models")
-    if not isinstance(models, list) or not models:
+    if "models" not in data:
         raise SpecError(_where(path, "no [[models]]: add at least one model with its [[models.variants]]"))  # fmt: skip
+    models = _tables(data["models"], _where(path, "the fleet"), "[[models]]")
 
     entries: list[Entry] = []
     seen_dirs: dict[tuple[str, str], str] = {}
@@ -308,6 +335,8 @@ def load_fleet(path: Path) -> Fleet:
             raise SpecError(f"{where}: model id {model_id!r} is used twice: give each an id")
         hub = ref is not None and not Path(ref).is_absolute()
         revision, pin = model.get("revision"), model.get("pin")
+        if revision is not None and not isinstance(revision, str):
+            raise SpecError(f"{where}: revision is a branch, tag or commit sha (a string)")
         if not hub and (revision is not None or pin is not None):
             raise SpecError(
                 f"{where}: revision and pin apply to hub repo ids, not to a local path or the "
@@ -318,9 +347,9 @@ def load_fleet(path: Path) -> Fleet:
         if pin is not None and not (isinstance(pin, str) and _SHA.fullmatch(pin)):
             raise SpecError(f"{where}: pin must be a 40-hex commit sha, got {pin!r}")
         model_table = {k: v for k, v in model.items() if k not in _MODEL_KEYS}
-        variants = model.get("variants")
-        if not isinstance(variants, list) or not variants:
+        if "variants" not in model:
             raise SpecError(f"{where}: no [[models.variants]]: add at least one (e.g. dtype = \"float16\")")  # fmt: skip
+        variants = _tables(model["variants"], where, "[[models.variants]]")
         for j, variant in enumerate(variants):
             vwhere = f"{where}.variants[{j}]"
             bad = sorted(set(_FIXED_SPEC_KEYS) & set(variant))
@@ -366,10 +395,41 @@ def load_fleet(path: Path) -> Fleet:
 
 
 def gc_settings(path: Path) -> dict[str, Any]:
-    """The fleet file's [gc] table (retention policy defaults for `trt-builder gc`)."""
-    table = load_toml(path).get("gc") or {}
+    """The fleet file's [gc] table: `older_than` (seconds, from "7d", "12h", "30m" or a number
+    of seconds) and `keep_revisions`, each present only when set."""
+    table = _table(load_toml(path).get("gc"), _where(path, "[gc]"))
     bad = sorted(set(table) - {"older_than", "keep_revisions"})
     if bad:
         raise SpecError(_where(path, f"[gc] has unknown key(s) {', '.join(bad)}: valid keys "
                                "are older_than, keep_revisions"))  # fmt: skip
-    return dict(table)
+    out: dict[str, Any] = {}
+    if "older_than" in table:
+        out["older_than"] = parse_duration(table["older_than"], _where(path, "[gc] older_than"))
+    if "keep_revisions" in table:
+        keep = table["keep_revisions"]
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+            raise SpecError(_where(path, f"[gc] keep_revisions is a count >= 0, not {keep!r}"))
+        out["keep_revisions"] = keep
+    return out
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any, where: str, least: int = 0) -> int:
+    """Seconds from a number of seconds or a string with a unit: "90m", "4h", "7d"."""
+    if _is_number(value):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip().lower()
+        unit = _UNITS.get(text[-1])
+        try:
+            seconds = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            raise SpecError(f"{where}: {value!r} is not a duration: give seconds, or e.g. 90m, "
+                            "4h or 7d") from None  # fmt: skip
+    else:
+        raise SpecError(f"{where}: {value!r} is not a duration: give seconds, or e.g. 90m, 4h or 7d")  # fmt: skip
+    if seconds < least:
+        raise SpecError(f"{where}: {value!r} is too short: give at least {least} second(s)")
+    return int(seconds)

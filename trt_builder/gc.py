@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,18 +115,27 @@ def _references(fleets: list[Fleet]) -> _Refs:
             else:
                 try:
                     source = resolve_source(entry.model, None, digests)
+                    name = source.name
+                    revisions.add(source.revision)
                 except InputError as exc:  # a local model that is gone: keep what it built
-                    refs.notes.append(f"{entry.id}: {exc}; its built revisions are kept")
-                    name = Path(entry.model or "").name
+                    name = _local_name(entry.model)
                     refs.whole_models.add(safe_name(name))
-                    continue
-                name = source.name
-                revisions.add(source.revision)
+                    refs.notes.append(f"{entry.id}: {exc}; every revision of {name} is kept")
             for revision in revisions:
                 unit = Unit(safe_name(name), safe_name(revision), spec.variant)
                 refs.units.add(unit)
                 refs.revisions.add((unit.model, unit.revision))
     return refs
+
+
+def _local_name(model: str | None) -> str:
+    """The model directory name the layout gives a local model (as resolve_source names it)."""
+    from .source import DEFAULT_MODEL_NAME
+
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def _size(path: Path) -> int:
@@ -163,6 +173,8 @@ def _units_on_disk(fleets: list[Fleet]) -> dict[Unit, tuple[Path | None, Path | 
                 for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
                     for var in sorted(p for p in rev_dir.iterdir() if p.is_dir()):
                         if var.name in _SHARED or var.name.startswith("."):
+                            continue
+                        if not (var / "manifest.json").is_file():  # not (yet) a variant we built
                             continue
                         unit = Unit(model_dir.name, rev_dir.name, var.name)
                         found.setdefault(unit, [None, None])[0] = var
@@ -227,7 +239,8 @@ def collect(
             continue
         days = age / 86400
         reason = f"not in any fleet; last built {days:.1f} days ago"
-        if var is not None and not _remove(var, "variant", reason, result, lock=True):
+        lock = [var.parent / f".{var.name}.lock"] if var is not None else []
+        if var is not None and not _remove(var, "variant", reason, result, locks=lock):
             continue
         if repo is not None:
             _remove_repository(repo, reason, result)
@@ -242,12 +255,14 @@ def collect(
             for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
                 if (model_dir.name, rev_dir.name) in refs.revisions | spared:
                     continue
-                left = [p for p in rev_dir.iterdir() if p.is_dir() and p.name not in _SHARED
-                        and not p.name.startswith(".") and not _removed(p, result)]  # fmt: skip
+                if not (rev_dir / "hf" / "stage.json").is_file():
+                    continue  # not a fetched revision of ours (or one being fetched now)
+                left = [p for p in rev_dir.iterdir() if p.name not in _SHARED
+                        and not p.name.endswith(".lock") and not _removed(p, result)]  # fmt: skip
                 age = now - _last_used(rev_dir / "hf")  # not rev_dir: removing changed it
                 if not left and age >= older_than:
                     _remove(rev_dir, "revision", "no variant left and no fleet references it",
-                            result, lock=False)  # fmt: skip
+                            result, locks=sorted(rev_dir.glob(".*.lock")))  # fmt: skip
             if not dry_run and model_dir.is_dir() and not any(model_dir.iterdir()):
                 model_dir.rmdir()
 
@@ -270,19 +285,25 @@ def _removed(path: Path, result: GcResult) -> bool:
     return any(r.path == path for r in result.removed)
 
 
-def _remove(path: Path, kind: str, reason: str, result: GcResult, *, lock: bool) -> bool:
-    """Remove `path` (renamed aside first, so it never looks whole while half deleted);
-    a variant another process is building is skipped."""
+def _remove(
+    path: Path, kind: str, reason: str, result: GcResult, *, locks: Sequence[Path] = ()
+) -> bool:
+    """Remove `path` (renamed aside first, so it never looks whole while half deleted), unless
+    a build holds one of `locks` (then it is left for the next gc). Lock files stay: removing
+    one while another process waits on it would let two processes hold "the" lock."""
     size = _size(path)
     if result.dry_run:
         result.removed.append(Removal(path, kind, size, reason))
         return True
-    lock_path = path.parent / f".{path.name}.lock"
-    guard = FileLock(str(lock_path)) if lock else None
+    held: list[FileLock] = []
     try:
-        if guard is not None:
+        for lock_path in locks:
+            guard = FileLock(str(lock_path))
             guard.acquire(timeout=0)
+            held.append(guard)
     except Timeout:
+        for guard in held:
+            guard.release()
         result.notes.append(f"{path} is being built: left for the next gc")
         return False
     try:
@@ -290,10 +311,8 @@ def _remove(path: Path, kind: str, reason: str, result: GcResult, *, lock: bool)
         os.replace(path, aside)
         shutil.rmtree(aside, ignore_errors=True)
     finally:
-        if guard is not None:
+        for guard in held:
             guard.release()
-            lock_path.unlink(missing_ok=True)
-            lock_path.with_name(lock_path.name + ".owner").unlink(missing_ok=True)
     result.removed.append(Removal(path, kind, size, reason))
     return True
 
@@ -302,9 +321,8 @@ def _remove_repository(versions: Path, reason: str, result: GcResult) -> None:
     """A published repository: its `.versions/<name>/` and the `<name>` link to it."""
     root = versions.parent.parent
     link = root / versions.name
-    if not _remove(versions, "triton", reason, result, lock=False):
+    if not _remove(versions, "triton", reason, result, locks=[root / f".{versions.name}.lock"]):
         return
     if not result.dry_run:
         if link.is_symlink():
             link.unlink()
-        (root / f".{versions.name}.lock").unlink(missing_ok=True)

@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import HubUnreachable, InputError, NightlyFailed, TrtBuilderError, VerifyFailed
+from .errors import (
+    HubUnreachable,
+    InputError,
+    NightlyFailed,
+    OutputError,
+    SpecError,
+    TrtBuilderError,
+    VerifyFailed,
+)
 from .fleet import METRICS, Entry, Fleet, Metric, Tolerance
 from .fsio import write_json
 
@@ -63,7 +71,7 @@ class Regression:
         return {
             "metric": self.metric.name,
             "old": self.old,
-            "new": self.new,
+            "new": self.new if math.isfinite(self.new) else None,
             "allowed": self.allowed,
             "tolerance": {"absolute": self.tolerance.absolute, "relative": self.tolerance.relative},
         }
@@ -113,7 +121,7 @@ class EntryResult:
             "fingerprint": self.fingerprint,
             "stages": self.stages,
             "rebuilt": self.rebuilt,
-            "metrics": self.metrics,
+            "metrics": _finite(self.metrics),
             "baseline": self.baseline,
             "regressions": [r.to_json() for r in self.regression_data],
             "regression_messages": self.regressions,
@@ -136,6 +144,7 @@ class NightlyResult:
     revisions: dict[str, Revision] = field(default_factory=dict)
     entries: list[EntryResult] = field(default_factory=list)
     seconds: float = 0.0
+    history_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -161,6 +170,7 @@ class NightlyResult:
             "revisions": {k: v.to_json() for k, v in self.revisions.items()},
             "entries": [e.to_json() for e in self.entries],
             "history": str(self.fleet.history),
+            "history_error": self.history_error,
         }
 
 
@@ -234,10 +244,21 @@ class History:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
-            self.runs = self._read()
-            self.runs.append(run)
-            self.runs = self.runs[-keep:]
+            self.runs = _trim([*self._read(), run], keep)
             write_json(self.path, {"history_version": HISTORY_VERSION, "runs": self.runs})
+
+
+def _trim(runs: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """The newest `keep` runs, and older ones still holding an entry's newest good run (its
+    baseline): an entry that keeps regressing must not lose what it is compared with."""
+    kept = set(range(max(0, len(runs) - keep), len(runs)))
+    found: set[tuple[str, Any]] = set()
+    for i in range(len(runs) - 1, -1, -1):
+        for entry_id, e in (runs[i].get("entries") or {}).items():
+            if e.get("status") == "passed" and (entry_id, e.get("fingerprint")) not in found:
+                found.add((entry_id, e.get("fingerprint")))
+                kept.add(i)
+    return [run for i, run in enumerate(runs) if i in kept]
 
 
 # -- revisions ---------------------------------------------------------------------------------
@@ -262,7 +283,7 @@ def _offline_sha(entry: Entry, history: History, ids: list[str], why: str | None
     from .source import resolve_hub_revision
 
     try:
-        sha = resolve_hub_revision(str(entry.model), entry.revision)
+        sha = resolve_hub_revision(str(entry.model), entry.revision, offline=True)
     except InputError as exc:
         raise InputError(
             f'{entry.model_id}: no revision to build offline ({exc}); add pin = "<commit sha>" '
@@ -313,6 +334,11 @@ def _resolve_one(
 
 
 # -- comparing ---------------------------------------------------------------------------------
+
+
+def _finite(metrics: dict[str, float | None]) -> dict[str, float | None]:
+    """For JSON: a non-finite figure (NaN, inf) is written as null."""
+    return {k: (v if v is not None and math.isfinite(v) else None) for k, v in metrics.items()}
 
 
 def _number(value: Any) -> float | None:
@@ -373,6 +399,11 @@ def run_nightly(
     start = time.perf_counter()
     entries = fleet.select(select)
     accepted_ids = {e.id for e in fleet.select(accept)} if accept else set()
+    outside = sorted(accepted_ids - {e.id for e in entries})
+    if outside:
+        raise SpecError(
+            f"--accept {outside[0]} names an entry this run does not build: add it with --entry"
+        )
     offline = _offline_env() if offline is None else offline
     history = History(fleet.history)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -398,7 +429,13 @@ def run_nightly(
         result.entries.append(er)
         tell("end", i, len(entries), er)
     result.seconds = time.perf_counter() - start
-    history.append(_history_record(result), fleet.keep_runs)
+    try:
+        history.append(_history_record(result), fleet.keep_runs)
+    except OSError as exc:  # the reports are still written; the CLI then fails (exit 10)
+        result.history_error = (
+            f"cannot write the nightly history {fleet.history} ({exc.strerror or exc}): free disk "
+            "space or fix its permissions; this run is not recorded"
+        )
     return result
 
 
@@ -477,7 +514,7 @@ def _history_record(result: NightlyResult) -> dict[str, Any]:
                 "model": e.entry.model_id,
                 "revision": e.revision,
                 "fingerprint": e.fingerprint,
-                "metrics": e.metrics,
+                "metrics": _finite(e.metrics),
                 "rebuilt": e.rebuilt,
                 "accepted": e.accepted,
             }
@@ -499,5 +536,11 @@ def failure_message(result: NightlyResult, summary: Path | None) -> str:
 
 
 def check(result: NightlyResult, summary: Path | None = None) -> None:
+    """Raise what the run's exit code says: a bad entry (11), else an unrecorded run (10)."""
     if not result.ok:
-        raise NightlyFailed(failure_message(result, summary))
+        message = failure_message(result, summary)
+        if result.history_error:
+            message += f"; and {result.history_error}"
+        raise NightlyFailed(message)
+    if result.history_error:
+        raise OutputError(result.history_error)

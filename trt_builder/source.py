@@ -100,8 +100,9 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
-    """Resolve a branch or tag to its commit sha: from the hub, or from the local cache offline."""
+def resolve_hub_revision(repo_id: str, revision: str | None, *, offline: bool | None = None) -> str:
+    """Resolve a branch or tag to its commit sha: from the hub, or from the local cache offline
+    (`offline` None: as HF_HUB_OFFLINE says)."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         HFValidationError,
@@ -115,7 +116,7 @@ def resolve_hub_revision(repo_id: str, revision: str | None) -> str:
     if re.fullmatch(r"[0-9a-f]{40}", rev):
         return rev
     try:
-        if hub_offline():
+        if hub_offline() if offline is None else offline:
             snap = snapshot_download(
                 repo_id, revision=rev, local_files_only=True, allow_patterns=["config.json"]
             )

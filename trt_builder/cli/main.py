@@ -504,11 +504,11 @@ def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
     from ..gc import collect
 
     fleets = [load_fleet(path) for path in fleet_files]
-    settings = gc_settings(fleet_files[0])
+    settings = gc_settings(fleet_files[0])  # the first fleet's [gc] is the policy
     if older_than is None:
-        older_than = options.Duration(least=0).convert(settings.get("older_than", "7d"), None, None)
+        older_than = settings.get("older_than", 7 * 86400)
     if keep_revisions is None:
-        keep_revisions = int(settings.get("keep_revisions", 1))
+        keep_revisions = settings.get("keep_revisions", 1)
     result = collect(fleets, older_than=older_than, keep_revisions=keep_revisions,
                      dry_run=dry_run)  # fmt: skip
     if as_json:

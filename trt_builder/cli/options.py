@@ -18,24 +18,18 @@ class Duration(click.ParamType):
     """Seconds, or a number with s, m, h or d: 90m, 4h, 7d."""
 
     name = "duration"
-    _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        unit = self._UNITS.get(text[-1:], None)
-        number = text[:-1] if unit else text
-        try:
-            seconds = float(number) * (unit or 1)
-        except ValueError:
-            self.fail(f"{value!r} is not a duration: give seconds, or e.g. 90m or 4h", param, ctx)
-        if seconds < self.least:
-            self.fail(f"{value!r} is too short: give at least {self.least} second(s)", param, ctx)
-        return int(seconds)
 
     def __init__(self, least: int = 1) -> None:
         self.least = least
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from ..errors import SpecError
+        from ..fleet import parse_duration
+
+        try:
+            return parse_duration(value, "the duration", self.least)
+        except SpecError as exc:
+            self.fail(str(exc).removeprefix("the duration: "), param, ctx)
 
 
 DURATION = Duration()
