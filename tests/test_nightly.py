@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tiny_models import make_fleet_models, tiny_fleet
 from trt_builder.cli.main import main
 from trt_builder.errors import HubUnreachable, InputError
 from trt_builder.fleet import DEFAULT_TOLERANCES, METRICS, Tolerance, load_fleet
@@ -22,50 +23,11 @@ from trt_builder.nightly_report import markdown
 SCHEMAS = Path(__file__).parent / "schemas"
 NOTHING = {"cached", "cached-failed", "skipped"}
 
-FLEET = """
-[fleet]
-name = "tiny"
-
-[defaults.verify]
-heldout_tokens = 256
-
-[[models]]
-model = "tiny-llama"
-  [[models.variants]]
-  name = "fp16"
-  dtype = "float16"
-  [[models.variants]]
-  name = "int8"
-  dtype = "int8"
-  {int8}
-  [models.variants.verify]
-  min_top1 = 0.8
-  max_kl = 0.05
-
-[[models]]
-model = "tiny-qwen2"
-  [[models.variants]]
-  name = "bf16"
-  dtype = "bfloat16"
-  [models.variants.verify]
-  min_top1 = 0.9
-  max_kl = 0.01
-
-[[models]]
-model = "tiny-gpt2"
-  [[models.variants]]
-  name = "fp16"
-  dtype = "float16"
-"""
-
 
 @pytest.fixture(scope="module")
 def tiny_fleet_models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    from tiny_models import make_tiny
-
     root = tmp_path_factory.mktemp("fleet-models")
-    for family in ("llama", "qwen2", "gpt2"):
-        make_tiny(family, root / f"tiny-{family}", tokenizer_dir)
+    make_fleet_models(root, tokenizer_dir)
     return root
 
 
@@ -74,7 +36,7 @@ def _fleet(tmp_path: Path, models: Path, int8: str = "") -> Path:
         if not (tmp_path / item.name).exists():
             (tmp_path / item.name).symlink_to(item)
     path = tmp_path / "fleet.toml"
-    path.write_text(FLEET.replace("{int8}", int8))
+    path.write_text(tiny_fleet("tiny", heldout_tokens=256, int8=int8))
     return path
 
 
@@ -395,3 +357,24 @@ def test_accepting_an_entry_the_run_does_not_build_is_refused(tmp_path: Path) ->
     with pytest.raises(SpecError, match="--accept tiny/fp16 names an entry this run does not"):
         run_nightly(load_fleet(path), select=("tiny/fp32",), accept=("tiny/fp16",), offline=True)
     assert not load_fleet(path).history.exists()  # refused before any work
+
+
+@pytest.mark.integration
+def test_an_engine_that_cannot_be_built_is_an_error_that_keeps_what_ran(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU runner's fleet (require_engine) on a host without TensorRT-LLM: the entry errors
+    with exit 7's message, and its stages, figures and revision are still reported."""
+    (tmp_path / "tiny").symlink_to(tiny_llama)
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        "[defaults]\nrequire_engine = true\n[defaults.verify]\nheldout_tokens = 128\n"
+        '[[models]]\nmodel = "tiny"\n  [[models.variants]]\n  dtype = "float32"\n'
+    )
+    code, result, err = _nightly(capsys, str(path), "--report-dir", "reports")
+    assert code == 11 and "TensorRT-LLM" in err
+    (e,) = result["entries"]
+    assert e["status"] == "error" and e["exit_code"] == 7 and e["revision"]
+    assert e["stages"]["verify"] == "ran" and e["metrics"]["top1"] is not None
+    suites = _validate_junit(tmp_path / "reports" / "nightly.junit.xml")
+    assert (suites.errors, suites.failures) == (1, 0)

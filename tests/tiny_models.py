@@ -152,3 +152,53 @@ def make_tiny(
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(path)
     for item in tokenizer_dir.iterdir():
         shutil.copy2(item, path / item.name)
+
+
+#: Three tiny models, four entries: the nightly's test and benchmark fleet (`{int8}` is a line
+#: for the int8 variant, e.g. a changed SmoothQuant alpha).
+TINY_FLEET = """
+[fleet]
+name = "{name}"
+
+[defaults.verify]
+heldout_tokens = {heldout_tokens}
+
+[[models]]
+model = "tiny-llama"
+  [[models.variants]]
+  name = "fp16"
+  dtype = "float16"
+  [[models.variants]]
+  name = "int8"
+  dtype = "int8"
+  {int8}
+  [models.variants.verify]
+  min_top1 = 0.8
+  max_kl = 0.05
+
+[[models]]
+model = "tiny-qwen2"
+  [[models.variants]]
+  name = "bf16"
+  dtype = "bfloat16"
+  [models.variants.verify]
+  min_top1 = 0.9
+  max_kl = 0.01
+
+[[models]]
+model = "tiny-gpt2"
+  [[models.variants]]
+  name = "fp16"
+  dtype = "float16"
+"""
+
+
+def tiny_fleet(name: str, *, heldout_tokens: int, int8: str = "") -> str:
+    """TINY_FLEET's text; the models are next to the fleet file (make_fleet_models)."""
+    return TINY_FLEET.format(name=name, heldout_tokens=heldout_tokens, int8=int8)
+
+
+def make_fleet_models(root: Path, tokenizer_dir: Path) -> None:
+    """tiny-llama, tiny-qwen2 and tiny-gpt2 under `root`."""
+    for family in ("llama", "qwen2", "gpt2"):
+        make_tiny(family, root / f"tiny-{family}", tokenizer_dir)

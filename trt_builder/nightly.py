@@ -455,7 +455,8 @@ def _run_entry(
     except VerifyFailed as exc:
         build = getattr(exc, "result", None)
         er.status, er.message, er.exit_code = "failed", str(exc), exc.exit_code
-    except TrtBuilderError as exc:
+    except TrtBuilderError as exc:  # e.g. the engine failed: what ran before it still counts
+        build = getattr(exc, "result", None)
         er.status, er.message, er.exit_code = "error", str(exc), exc.exit_code
     except Exception as exc:  # a bug in one entry must not hide the others' results
         import traceback

@@ -16,7 +16,7 @@ from filelock import FileLock, Timeout
 
 from . import __version__
 from .digests import DigestCache
-from .errors import InputError, LockBusy, SpecError, VerifyFailed
+from .errors import InputError, LockBusy, SpecError, TrtBuilderError, VerifyFailed
 from .fsio import write_json
 from .layout import Layout
 from .source import resolve_source
@@ -263,9 +263,10 @@ def run(
                 emit("end", stage.name, record)
                 _write_manifest(ctx, result)
                 if record.status in ("failed", "cached-failed"):
-                    failure = VerifyFailed(_verify_message(ctx, record))
-                    failure.result = result  # type: ignore[attr-defined]  # for the summary
-                    raise failure
+                    raise VerifyFailed(_verify_message(ctx, record))
+    except TrtBuilderError as exc:  # what ran before the error, for the summary and the nightly
+        exc.result = result  # type: ignore[attr-defined]
+        raise
     finally:
         if not dry_run:  # a dry run leaves the disk as it found it
             ctx.digests.save()
