@@ -527,11 +527,11 @@ def _history_record(result: NightlyResult) -> dict[str, Any]:
 def failure_message(result: NightlyResult, summary: Path | None) -> str:
     """One line for the CLI: how many entries failed and the first reasons."""
     bad = [e for e in result.entries if not e.good]
-    reasons = "; ".join(
-        (e.regressions[0] if e.regressions else f"{e.entry.id}: {e.message or e.status}")
-        for e in bad[:3]
-    )
-    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    problems = [
+        text for e in bad for text in (e.regressions or [f"{e.entry.id}: {e.message or e.status}"])
+    ]
+    reasons = "; ".join(problems[:3])
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     where = f" (summary: {summary})" if summary else ""
     return f"nightly: {len(bad)} of {len(result.entries)} entries not good: {reasons}{more}{where}"
 
