@@ -115,7 +115,7 @@ def test_gc_keeps_every_revision_of_a_hub_model_it_knows_nothing_about(
     (old / "manifest.json").write_text("{}")
     code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
     assert code == 0 and result["removed"] == [] and old.is_dir()
-    assert any("every revision of org/m is kept" in n for n in result["notes"])
+    assert any("every revision of org/m's float16-tp1-pp1 is kept" in n for n in result["notes"])
 
 
 def test_gc_refuses_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +162,7 @@ def test_gc_keeps_what_a_vanished_local_model_built(
     (built / "manifest.json").write_text("{}")
     code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
     assert code == 0 and result["removed"] == [] and built.is_dir()
-    assert any("every revision of m is kept" in n for n in result["notes"])
+    assert any("every revision of m's float16-tp1-pp1 is kept" in n for n in result["notes"])
 
 
 def test_history_trimming_keeps_each_entrys_baseline(tmp_path: Path) -> None:
@@ -181,3 +181,60 @@ def test_history_trimming_keeps_each_entrys_baseline(tmp_path: Path) -> None:
     kept = [r["run_id"] for r in History(tmp_path / "h.json").runs]
     assert kept == ["good", "other3", "bad4", "other4"]
     assert history.last_good("m/v", "f")["run_id"] == "good"  # type: ignore[index]
+
+
+def _variant(engines: Path, model: str, revision: str, variant: str) -> Path:
+    path = engines / model / revision / variant
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text("{}")
+    hf = engines / model / revision / "hf"
+    hf.mkdir(exist_ok=True)
+    (hf / "stage.json").write_text("{}")
+    return path
+
+
+def test_a_matrix_jobs_root_drops_its_own_old_revisions_and_a_killed_builds_leftovers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In CI each job's engines root knows one entry's history. The other variants of the
+    same model (other jobs') keep their own directories, not the whole model, so this entry's
+    old revision still goes, together with what a killed build left in it."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[models]]\nmodel = "org/m"\n  [[models.variants]]\n  dtype = "float16"\n'
+                     '  [[models.variants]]\n  dtype = "bfloat16"\n')  # fmt: skip
+    engines = tmp_path / "engines"
+    old, new = "a" * 40, "b" * 40
+    _variant(engines, "org--m", old, "float16-tp1-pp1")
+    (engines / "org--m" / old / ".float16-tp1-pp1.lock.owner").write_text("pid 1")  # SIGKILLed
+    (engines / "org--m" / old / ".hf.tmp-1a2b3c4d").mkdir()  # a killed re-fetch
+    _variant(engines, "org--m", new, "float16-tp1-pp1")
+    other = _variant(engines, "org--m", old, "bfloat16-tp1-pp1")  # no history here: kept
+    History(engines / ".trt-builder" / "nightly-fleet.json").append(
+        {"run_id": "1", "entries": {"m/float16-tp1-pp1": {"status": "passed", "revision": new,
+                                                          "fingerprint": "f", "metrics": {}}}},
+        keep=10,
+    )  # fmt: skip
+    code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert code == 0
+    assert [Path(r["path"]).name for r in result["removed"]] == ["float16-tp1-pp1"]
+    assert other.is_dir() and (engines / "org--m" / new / "float16-tp1-pp1").is_dir()
+    # Once the other variant is gone too, the revision goes whole, leftovers included.
+    shutil.rmtree(other)
+    code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
+    assert [(r["kind"], Path(r["path"]).name) for r in result["removed"]] == [("revision", old)]
+    assert sorted(p.name for p in (engines / "org--m").iterdir()) == [new]
+
+
+def test_gc_over_fleets_sharing_a_root_counts_each_thing_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(
+            f'[fleet]\nname = "{name}"\n[[models]]\nmodel = "org/{name}"\npin = "{"c" * 40}"\n'
+            '  [[models.variants]]\n  dtype = "float16"\n'
+        )
+    _variant(tmp_path / "engines", "org--gone", "d" * 40, "float16-tp1-pp1")
+    code, result = _json(capsys, "gc", str(tmp_path / "a.toml"), str(tmp_path / "b.toml"),
+                         "--older-than", "0", "--keep-revisions", "0", "--dry-run")  # fmt: skip
+    assert code == 0
+    assert [r["kind"] for r in result["removed"]] == ["variant", "revision"]

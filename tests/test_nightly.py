@@ -354,9 +354,13 @@ def test_accepting_an_entry_the_run_does_not_build_is_refused(tmp_path: Path) ->
         + '  [[models.variants]]\n  name = "fp16"\n  dtype = "float16"\n'
     )
     path.write_text(two)
-    with pytest.raises(SpecError, match="--accept tiny/fp16 names an entry this run does not"):
+    with pytest.raises(SpecError, match="--accept tiny/fp16 names no entry this run builds"):
         run_nightly(load_fleet(path), select=("tiny/fp32",), accept=("tiny/fp16",), offline=True)
     assert not load_fleet(path).history.exists()  # refused before any work
+    # A model id accepts the variants of it that run.
+    path.write_text(two.replace("org/nightly-tiny", "org/accept-tiny"))
+    result = run_nightly(load_fleet(path), select=("tiny/fp32",), accept=("tiny",), offline=True)
+    assert [e.entry.id for e in result.entries] == ["tiny/fp32"]
 
 
 @pytest.mark.integration

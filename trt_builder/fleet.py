@@ -8,6 +8,7 @@ the file. docs/nightly.md has the format.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,6 +430,8 @@ def parse_duration(value: Any, where: str, least: int = 0) -> int:
             raise SpecError(f"{where}: {value!r} is not a duration: give seconds, or e.g. 90m, "
                             "4h or 7d") from None  # fmt: skip
     else:
+        raise SpecError(f"{where}: {value!r} is not a duration: give seconds, or e.g. 90m, 4h or 7d")  # fmt: skip
+    if not math.isfinite(seconds):
         raise SpecError(f"{where}: {value!r} is not a duration: give seconds, or e.g. 90m, 4h or 7d")  # fmt: skip
     if seconds < least:
         raise SpecError(f"{where}: {value!r} is too short: give at least {least} second(s)")

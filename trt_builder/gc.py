@@ -85,7 +85,9 @@ class GcResult:
 class _Refs:
     units: set[Unit] = field(default_factory=set)
     revisions: set[tuple[str, str]] = field(default_factory=set)  # (model, revision)
-    whole_models: set[str] = field(default_factory=set)  # keep every revision of these
+    # (model, variant): every revision of this variant is kept (an entry whose revision is
+    # unknown here, e.g. another matrix job's, or a local model that has gone)
+    whole_variants: set[tuple[str, str]] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
 
@@ -106,10 +108,10 @@ def _references(fleets: list[Fleet]) -> _Refs:
                     if sha and len(sha) == 40:
                         revisions.add(sha)
                 if not revisions:
-                    refs.whole_models.add(safe_name(name))
+                    refs.whole_variants.add((safe_name(name), spec.variant))
                     refs.notes.append(
-                        f"{entry.id}: no revision recorded yet (no nightly run, no pin): every "
-                        f"revision of {name} is kept"
+                        f"{entry.id}: no revision recorded here (no nightly run, no pin): every "
+                        f"revision of {name}'s {spec.variant} is kept"
                     )
                     continue
             else:
@@ -119,8 +121,10 @@ def _references(fleets: list[Fleet]) -> _Refs:
                     revisions.add(source.revision)
                 except InputError as exc:  # a local model that is gone: keep what it built
                     name = _local_name(entry.model)
-                    refs.whole_models.add(safe_name(name))
-                    refs.notes.append(f"{entry.id}: {exc}; every revision of {name} is kept")
+                    refs.whole_variants.add((safe_name(name), spec.variant))
+                    refs.notes.append(
+                        f"{entry.id}: {exc}; every revision of {name}'s {spec.variant} is kept"
+                    )
             for revision in revisions:
                 unit = Unit(safe_name(name), safe_name(revision), spec.variant)
                 refs.units.add(unit)
@@ -134,8 +138,8 @@ def _local_name(model: str | None) -> str:
 
     if model is None:
         return DEFAULT_MODEL_NAME
-    path = Path(model)
-    return path.stem if path.suffix == ".gguf" else path.name
+    path = Path(model).expanduser()
+    return path.stem if path.suffix == ".gguf" else path.resolve().name
 
 
 def _size(path: Path) -> int:
@@ -162,12 +166,19 @@ def _last_used(*paths: Path) -> float:
     return max(stamps, default=0.0)
 
 
-def _units_on_disk(fleets: list[Fleet]) -> dict[Unit, tuple[Path | None, Path | None]]:
-    """Every variant under the fleets' roots: (its engines directory, its Triton versions)."""
+def _unique(paths: list[Path]) -> list[Path]:
+    """Roots as given, once each (fleets may share them)."""
+    return list({path.resolve(): path for path in paths}.values())
+
+
+def _units_on_disk(
+    outs: list[Path], triton_roots: list[Path]
+) -> dict[Unit, tuple[Path | None, Path | None]]:
+    """Every variant under the roots: (its engines directory, its Triton versions)."""
     found: dict[Unit, list[Path | None]] = {}
-    for fleet in fleets:
-        if fleet.out.is_dir():
-            for model_dir in sorted(fleet.out.iterdir()):
+    for out in outs:
+        if out.is_dir():
+            for model_dir in sorted(out.iterdir()):
                 if not model_dir.is_dir() or model_dir.name.startswith("."):
                     continue
                 for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
@@ -179,8 +190,8 @@ def _units_on_disk(fleets: list[Fleet]) -> dict[Unit, tuple[Path | None, Path | 
                         unit = Unit(model_dir.name, rev_dir.name, var.name)
                         found.setdefault(unit, [None, None])[0] = var
     names = {u.triton_name: u for u in found}
-    for fleet in fleets:
-        versions = fleet.triton_root / _VERSIONS
+    for root in triton_roots:
+        versions = root / _VERSIONS
         if not versions.is_dir():
             continue
         for repo in sorted(p for p in versions.iterdir() if p.is_dir()):
@@ -190,13 +201,13 @@ def _units_on_disk(fleets: list[Fleet]) -> dict[Unit, tuple[Path | None, Path | 
     return {u: (paths[0], paths[1]) for u, paths in found.items()}
 
 
-def _orphan_repositories(fleets: list[Fleet], known: set[str]) -> list[Path]:
+def _orphan_repositories(triton_roots: list[Path], known: set[str]) -> list[Path]:
     """Triton repositories trt-builder published whose engines variant no longer exists."""
     from .triton.repository import INFO
 
     out = []
-    for fleet in fleets:
-        versions = fleet.triton_root / _VERSIONS
+    for root in triton_roots:
+        versions = root / _VERSIONS
         if not versions.is_dir():
             continue
         for repo in sorted(p for p in versions.iterdir() if p.is_dir()):
@@ -212,7 +223,9 @@ def collect(
     refs = _references(fleets)
     result = GcResult(dry_run, notes=list(refs.notes))
     now = time.time()
-    units = _units_on_disk(fleets)
+    outs = _unique([f.out for f in fleets])
+    triton_roots = _unique([f.triton_root for f in fleets])
+    units = _units_on_disk(outs, triton_roots)
     result.kept = [u.id for u in units if u in refs.units]
 
     # The newest keep_revisions unreferenced revisions of each model stay whole.
@@ -230,7 +243,7 @@ def collect(
     }
 
     for unit, (var, repo) in sorted(units.items(), key=lambda kv: kv[0].id):
-        if unit in refs.units or unit.model in refs.whole_models:
+        if unit in refs.units or (unit.model, unit.variant) in refs.whole_variants:
             continue
         if (unit.model, unit.revision) in spared:
             continue
@@ -246,11 +259,11 @@ def collect(
             _remove_repository(repo, reason, result)
 
     # A revision none of whose variants is left, and that no fleet references, goes whole.
-    for fleet in fleets:
-        if not fleet.out.is_dir():
+    for out in outs:
+        if not out.is_dir():
             continue
-        for model_dir in sorted(p for p in fleet.out.iterdir() if p.is_dir()):
-            if model_dir.name.startswith(".") or model_dir.name in refs.whole_models:
+        for model_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+            if model_dir.name.startswith("."):
                 continue
             for rev_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
                 if (model_dir.name, rev_dir.name) in refs.revisions | spared:
@@ -258,7 +271,7 @@ def collect(
                 if not (rev_dir / "hf" / "stage.json").is_file():
                     continue  # not a fetched revision of ours (or one being fetched now)
                 left = [p for p in rev_dir.iterdir() if p.name not in _SHARED
-                        and not p.name.endswith(".lock") and not _removed(p, result)]  # fmt: skip
+                        and not _leftover(p.name) and not _removed(p, result)]  # fmt: skip
                 age = now - _last_used(rev_dir / "hf")  # not rev_dir: removing changed it
                 if not left and age >= older_than:
                     _remove(rev_dir, "revision", "no variant left and no fleet references it",
@@ -267,18 +280,24 @@ def collect(
                 model_dir.rmdir()
 
     known = {u.triton_name for u in units}
-    for repo in _orphan_repositories(fleets, known):
+    for repo in _orphan_repositories(triton_roots, known):
         referenced = {u.triton_name for u in refs.units}
         age = now - _last_used(repo)
         if repo.name not in referenced and age >= older_than:
             _remove_repository(repo, "its engines variant is gone", result)
 
     if not dry_run and result.removed:
-        for fleet in fleets:
-            memo = DigestCache(fleet.out / ".trt-builder" / "digests.json")
+        for out in outs:
+            memo = DigestCache(out / ".trt-builder" / "digests.json")
             memo.forget([r.path for r in result.removed])
             memo.save()
     return result
+
+
+def _leftover(name: str) -> bool:
+    """Lock files, a killed build's temporary outputs, a failed gc's set-aside: none of them
+    keeps a revision (whether a build is running is for its lock to say)."""
+    return name.endswith((".lock", ".owner")) or ".tmp-" in name or ".gc-" in name
 
 
 def _removed(path: Path, result: GcResult) -> bool:
@@ -297,18 +316,20 @@ def _remove(
         return True
     held: list[FileLock] = []
     try:
-        for lock_path in locks:
-            guard = FileLock(str(lock_path))
-            guard.acquire(timeout=0)
-            held.append(guard)
-    except Timeout:
-        for guard in held:
-            guard.release()
-        result.notes.append(f"{path} is being built: left for the next gc")
-        return False
-    try:
+        try:
+            for lock_path in locks:
+                guard = FileLock(str(lock_path))
+                guard.acquire(timeout=0)
+                held.append(guard)
+        except Timeout:
+            result.notes.append(f"{path} is being built: left for the next gc")
+            return False
         aside = path.with_name(f".{path.name}.gc-{os.getpid()}")
-        os.replace(path, aside)
+        try:
+            os.replace(path, aside)
+        except OSError as exc:
+            result.notes.append(f"{path} cannot be removed ({exc.strerror}): left as it is")
+            return False
         shutil.rmtree(aside, ignore_errors=True)
     finally:
         for guard in held:

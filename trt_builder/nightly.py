@@ -398,12 +398,13 @@ def run_nightly(
     ("start" | "end", index, count, result)."""
     start = time.perf_counter()
     entries = fleet.select(select)
-    accepted_ids = {e.id for e in fleet.select(accept)} if accept else set()
-    outside = sorted(accepted_ids - {e.id for e in entries})
-    if outside:
-        raise SpecError(
-            f"--accept {outside[0]} names an entry this run does not build: add it with --entry"
-        )
+    for name in accept:
+        if not any(name in (e.id, e.model_id) for e in entries):
+            raise SpecError(
+                f"--accept {name} names no entry this run builds: add it with --entry, or name "
+                "one of: " + ", ".join(e.id for e in entries)
+            )
+    accepted_ids = {e.id for e in entries if e.id in accept or e.model_id in accept}
     offline = _offline_env() if offline is None else offline
     history = History(fleet.history)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

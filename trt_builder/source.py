@@ -131,8 +131,9 @@ def resolve_hub_revision(repo_id: str, revision: str | None, *, offline: bool | 
             f"revision {rev!r} not found in {repo_id}: pass an existing branch, tag or commit sha"
         ) from None
     except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if offline is None else "the hub is not asked"
         raise InputError(
-            f"{repo_id}@{rev} is not in the local HF cache and HF_HUB_OFFLINE is set: fetch it once online, or pass a local directory"
+            f"{repo_id}@{rev} is not in the local HF cache and {why}: fetch it once online, or pass a local directory"
         ) from None
     except HFValidationError as exc:
         raise InputError(f"{repo_id!r} is not a valid hub repo id ({exc}): use org/name") from None
