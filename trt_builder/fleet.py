@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,6 @@ class Fleet:
     history: Path
     keep_runs: int = 100
     runner_labels: tuple[str, ...] = ("self-hosted", "linux", "gpu")
-    models: dict[str, Entry] = field(default_factory=dict)  # model id -> its first entry
 
     def select(self, ids: tuple[str, ...]) -> tuple[Entry, ...]:
         """The entries named (an entry id, or a model id for all its variants); all if none."""
@@ -388,11 +387,7 @@ def load_fleet(path: Path) -> Fleet:
                 )
             seen_dirs[where_built] = entry.id
             entries.append(entry)
-    firsts: dict[str, Entry] = {}
-    for e in entries:
-        firsts.setdefault(e.model_id, e)
-    return Fleet(path, name, tuple(entries), out, triton_root, history, keep_runs,
-                 fleet_labels, firsts)  # fmt: skip
+    return Fleet(path, name, tuple(entries), out, triton_root, history, keep_runs, fleet_labels)
 
 
 def gc_settings(path: Path) -> dict[str, Any]:
