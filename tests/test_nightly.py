@@ -382,3 +382,30 @@ def test_an_engine_that_cannot_be_built_is_an_error_that_keeps_what_ran(
     assert e["stages"]["verify"] == "ran" and e["metrics"]["top1"] is not None
     suites = _validate_junit(tmp_path / "reports" / "nightly.junit.xml")
     assert (suites.errors, suites.failures) == (1, 0)
+
+
+@pytest.mark.integration
+def test_a_history_that_cannot_be_written_still_leaves_the_reports(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import errno
+
+    (tmp_path / "tiny").symlink_to(tiny_llama)
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        "[defaults.verify]\nheldout_tokens = 128\n"
+        '[[models]]\nmodel = "tiny"\n  [[models.variants]]\n  dtype = "float32"\n'
+    )
+
+    def full(self: History, run: dict[str, Any], keep: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(History, "append", full)
+    code, result, err = _nightly(capsys, str(path), "--report-dir", "reports")
+    assert code == 10 and result["ok"] is True  # one JSON document on stdout, the run's
+    assert "No space left on device" in result["history_error"] and "not recorded" in err
+    assert (
+        json.loads((tmp_path / "reports" / "nightly.json").read_text())["run_id"]
+        == result["run_id"]
+    )

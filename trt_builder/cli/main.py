@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..errors import EXIT_CODES, NightlyFailed, TrtBuilderError, VerifyFailed
+from ..errors import EXIT_CODES, TrtBuilderError, VerifyFailed
 from ..pipeline import BuildResult, run
 from ..spec import load_toml, make_spec
 from . import options
@@ -415,7 +415,7 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
 @click.option("--matrix", is_flag=True,
               help="Print a GitHub Actions matrix (one line of JSON) of the entries and exit.")  # fmt: skip
 @click.option("--offline", is_flag=True,
-              help="Ask no hub: build pinned revisions (the pin, else the last run's).")  # fmt: skip
+              help="Ask no hub: the pin, else the last run's commit, else the HF cache's.")  # fmt: skip
 @click.option("--accept", multiple=True, metavar="ID",
               help="Accept this entry's (or model's) regressions: its figures become the baseline.")  # fmt: skip
 @click.option("--report-dir", type=click.Path(path_type=Path), default=Path("nightly-reports"),
@@ -475,7 +475,11 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
             f"{result.seconds:.1f} s; reports: {escape(str(paths['markdown']))}, "
             f"{escape(str(paths['junit']))}"
         )
-    check(result, paths["markdown"])
+    try:
+        check(result, paths["markdown"])
+    except TrtBuilderError as exc:
+        exc.printed = as_json  # type: ignore[attr-defined]  # the result JSON is on stdout
+        raise
 
 
 @cli.command("gc", epilog=EPILOG_EXIT)
@@ -599,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        if as_json and not isinstance(exc, (VerifyFailed, NightlyFailed)):  # printed their own
+        if as_json and not isinstance(exc, VerifyFailed) and not getattr(exc, "printed", False):
             click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
         return exc.exit_code
     except Exception as exc:  # the one place an unexpected error becomes a message
