@@ -17,22 +17,18 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _cli import executable  # noqa: E402
+from _cli import timed as run  # noqa: E402
 
 
 def timed(argv: list[str], cwd: Path) -> tuple[float, dict]:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-1500:]}")
-    return seconds, json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    seconds, out = run(argv, cwd)
+    return seconds, json.loads(out) if out.strip().startswith("{") else {}
 
 
 def rebuilt(result: dict) -> str:
@@ -48,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     from tiny_models import make_fleet_models, make_tokenizer, tiny_fleet
 
-    exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
+    exe = executable()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-nightly-"))
     if args.workdir is None:
         atexit.register(shutil.rmtree, work, True)

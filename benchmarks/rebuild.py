@@ -14,20 +14,11 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-
-def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-1000:]}")
-    return seconds, proc.stdout
+from _cli import executable, timed
 
 
 def main() -> None:
@@ -35,7 +26,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
-    exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
+    exe = executable()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     build = [exe, "build", "--dtype", "int8", "--json"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,7 @@ class Fleet:
     history: Path
     keep_runs: int = 100
     runner_labels: tuple[str, ...] = ("self-hosted", "linux", "gpu")
+    gc: dict[str, int] = field(default_factory=dict)  # [gc] older_than (s), keep_revisions
 
     def select(self, ids: tuple[str, ...]) -> tuple[Entry, ...]:
         """The entries named (an entry id, or a model id for all its variants); all if none."""
@@ -387,24 +388,30 @@ def load_fleet(path: Path) -> Fleet:
                 )
             seen_dirs[where_built] = entry.id
             entries.append(entry)
-    return Fleet(path, name, tuple(entries), out, triton_root, history, keep_runs, fleet_labels)
+    gc = _gc_table(data.get("gc"), _where(path, "[gc]"))
+    return Fleet(path, name, tuple(entries), out, triton_root, history, keep_runs, fleet_labels, gc)
 
 
-def gc_settings(path: Path) -> dict[str, Any]:
-    """The fleet file's [gc] table: `older_than` (seconds, from "7d", "12h", "30m" or a number
-    of seconds) and `keep_revisions`, each present only when set."""
-    table = _table(load_toml(path).get("gc"), _where(path, "[gc]"))
+def gc_settings(path: Path) -> dict[str, int]:
+    """The fleet file's [gc] table (see Fleet.gc)."""
+    return load_fleet(path).gc
+
+
+def _gc_table(value: Any, where: str) -> dict[str, int]:
+    """[gc]: `older_than` (seconds, from "7d", "12h", "30m" or a number of seconds) and
+    `keep_revisions`, each present only when set."""
+    table = _table(value, where)
     bad = sorted(set(table) - {"older_than", "keep_revisions"})
     if bad:
-        raise SpecError(_where(path, f"[gc] has unknown key(s) {', '.join(bad)}: valid keys "
-                               "are older_than, keep_revisions"))  # fmt: skip
-    out: dict[str, Any] = {}
+        raise SpecError(f"{where} has unknown key(s) {', '.join(bad)}: valid keys are "
+                        "older_than, keep_revisions")  # fmt: skip
+    out: dict[str, int] = {}
     if "older_than" in table:
-        out["older_than"] = parse_duration(table["older_than"], _where(path, "[gc] older_than"))
+        out["older_than"] = parse_duration(table["older_than"], f"{where} older_than")
     if "keep_revisions" in table:
         keep = table["keep_revisions"]
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
-            raise SpecError(_where(path, f"[gc] keep_revisions is a count >= 0, not {keep!r}"))
+            raise SpecError(f"{where} keep_revisions is a count >= 0, not {keep!r}")
         out["keep_revisions"] = keep
     return out
 

@@ -280,8 +280,8 @@ def collect(
                 model_dir.rmdir()
 
     known = {u.triton_name for u in units}
+    referenced = {u.triton_name for u in refs.units}
     for repo in _orphan_repositories(triton_roots, known):
-        referenced = {u.triton_name for u in refs.units}
         age = now - _last_used(repo)
         if repo.name not in referenced and age >= older_than:
             _remove_repository(repo, "its engines variant is gone", result)

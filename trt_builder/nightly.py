@@ -90,8 +90,7 @@ class EntryResult:
     stages: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float | None] = field(default_factory=dict)
     baseline: dict[str, Any] | None = None
-    regressions: list[str] = field(default_factory=list)
-    regression_data: list[Regression] = field(default_factory=list)
+    regressions: list[Regression] = field(default_factory=list)
     accepted: bool = False
     notices: list[str] = field(default_factory=list)
     paths: dict[str, str] = field(default_factory=dict)
@@ -108,6 +107,16 @@ class EntryResult:
     def good(self) -> bool:
         return self.status == "passed"
 
+    @property
+    def regression_messages(self) -> list[str]:
+        assert self.baseline is not None or not self.regressions
+        return [r.text(self.entry, self.baseline or {}) for r in self.regressions]
+
+    @property
+    def problems(self) -> list[str]:
+        """One line for each thing wrong with this entry (its regressions, or its error)."""
+        return self.regression_messages or [f"{self.entry.id}: {self.message or self.status}"]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.entry.id,
@@ -123,8 +132,8 @@ class EntryResult:
             "rebuilt": self.rebuilt,
             "metrics": _finite(self.metrics),
             "baseline": self.baseline,
-            "regressions": [r.to_json() for r in self.regression_data],
-            "regression_messages": self.regressions,
+            "regressions": [r.to_json() for r in self.regressions],
+            "regression_messages": self.regression_messages,
             "accepted": self.accepted,
             "notices": self.notices,
             "paths": self.paths,
@@ -371,12 +380,6 @@ def _new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
-def _offline_env() -> bool:
-    from .source import hub_offline
-
-    return hub_offline()
-
-
 EntryListener = Callable[[str, int, int, EntryResult], None]
 
 
@@ -405,7 +408,9 @@ def run_nightly(
                 "one of: " + ", ".join(e.id for e in entries)
             )
     accepted_ids = {e.id for e in entries if e.id in accept or e.model_id in accept}
-    offline = _offline_env() if offline is None else offline
+    from .source import hub_offline
+
+    offline = hub_offline() if offline is None else offline
     history = History(fleet.history)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result = NightlyResult(fleet, _new_run_id(), started, offline)
@@ -423,7 +428,7 @@ def run_nightly(
             _run_entry(er, revision, history, lock_timeout, listener)
             if revision.note:
                 er.notices.append(revision.note)
-            if er.regression_data and entry.id in accepted_ids:
+            if er.regressions and entry.id in accepted_ids:
                 er.accepted, er.status, er.exit_code = True, "passed", 0
                 er.notices.append("regressions accepted (--accept): this run is the new baseline")
         er.seconds = time.perf_counter() - t0
@@ -492,11 +497,10 @@ def _run_entry(
         )
         return
     er.baseline = baseline
-    er.regression_data = compare(er.metrics, baseline["metrics"], entry.tolerances)
-    er.regressions = [r.text(entry, baseline) for r in er.regression_data]
+    er.regressions = compare(er.metrics, baseline["metrics"], entry.tolerances)
     if er.regressions:
         er.status, er.exit_code = "regressed", NightlyFailed.exit_code
-        er.message = "; ".join(er.regressions)
+        er.message = "; ".join(er.regression_messages)
 
 
 def _history_record(result: NightlyResult) -> dict[str, Any]:
@@ -528,9 +532,7 @@ def _history_record(result: NightlyResult) -> dict[str, Any]:
 def failure_message(result: NightlyResult, summary: Path | None) -> str:
     """One line for the CLI: how many entries failed and the first reasons."""
     bad = [e for e in result.entries if not e.good]
-    problems = [
-        text for e in bad for text in (e.regressions or [f"{e.entry.id}: {e.message or e.status}"])
-    ]
+    problems = [text for e in bad for text in e.problems]
     reasons = "; ".join(problems[:3])
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     where = f" (summary: {summary})" if summary else ""

@@ -22,7 +22,7 @@ def _cell(entry: EntryResult, name: str) -> str:
         return "–"
     text = metric.fmt.format(value)
     old = (entry.baseline or {}).get("metrics", {}).get(name)
-    if any(r.metric.name == name for r in entry.regression_data):
+    if any(r.metric.name == name for r in entry.regressions):
         return f"**{text}** (was {metric.fmt.format(old)})"
     return text
 
@@ -65,7 +65,7 @@ def markdown(result: NightlyResult) -> str:
     if problems:
         lines += ["", "### What went wrong", ""]
         for e in problems:
-            for text in e.regressions or [f"{e.entry.id}: {e.message or e.status}"]:
+            for text in e.problems:
                 lines.append(f"- {text.replace('|', '/')}")
             if e.paths.get("verify_report"):
                 lines.append(f"  - verify report: `{e.paths['verify_report']}`")
@@ -135,11 +135,12 @@ def _entry_suite(root: ET.Element, e: EntryResult, result: NightlyResult) -> dic
         ET.SubElement(gates, "skipped", message="the build did not reach verify")
     for metric in METRICS:
         mc = case(f"regression.{metric.name}")
-        hit = next((r for r in e.regression_data if r.metric.name == metric.name), None)
+        hit = next((r for r in e.regressions if r.metric.name == metric.name), None)
         new = e.metrics.get(metric.name)
         if hit is not None and not e.accepted:
             counts["failures"] += 1
-            text = e.regressions[e.regression_data.index(hit)]
+            assert e.baseline is not None
+            text = hit.text(e.entry, e.baseline)
             fail = ET.SubElement(mc, "failure", message=_x(text), type="Regression")
             fail.text = _x(text)
         elif e.baseline is None or new is None:

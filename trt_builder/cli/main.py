@@ -460,7 +460,7 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
         style = {"passed": "green", "failed": "red", "regressed": "red"}.get(er.status, "red")
         rebuilt = ", ".join(er.rebuilt) if er.rebuilt else "nothing rebuilt"
         err.print(f"  [{style}]{er.status}[/] ({rebuilt}, {er.seconds:.1f} s)")
-        for line in er.regressions or ([er.message] if er.message else []):
+        for line in er.regression_messages or ([er.message] if er.message else []):
             err.print(f"  [red]{escape(line)}[/]", soft_wrap=True)
 
     result = run_nightly(fleet, select=entries, offline=True if offline else None, accept=accept,
@@ -504,11 +504,11 @@ def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
       trt-builder gc fleet.toml --dry-run
       trt-builder gc fleet.toml --older-than 14d --keep-revisions 2
     """
-    from ..fleet import gc_settings, load_fleet
+    from ..fleet import load_fleet
     from ..gc import collect
 
     fleets = [load_fleet(path) for path in fleet_files]
-    settings = gc_settings(fleet_files[0])  # the first fleet's [gc] is the policy
+    settings = fleets[0].gc  # the first fleet's [gc] is the policy
     if older_than is None:
         older_than = settings.get("older_than", 7 * 86400)
     if keep_revisions is None:

@@ -10,6 +10,7 @@ import click
 
 from ..gpus import GPUS
 from ..quant import DTYPE_CHOICES
+from ..spec import GEMM_PLUGINS
 
 F = Callable[..., Any]
 
@@ -96,7 +97,7 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     ),
     click.option(
         "--gemm-plugin",
-        type=click.Choice(["auto", "float16", "bfloat16"]),
+        type=click.Choice(GEMM_PLUGINS),
         help="trtllm-build --gemm_plugin (default auto: the checkpoint's activation dtype).",
     ),
     click.option(
