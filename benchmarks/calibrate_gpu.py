@@ -37,7 +37,8 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trt_builder.calibrate import collect
+    from trt_builder.calibrate.stats import collect
+    from trt_builder.models.registry import family_for
 
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -55,7 +56,7 @@ def main() -> None:
 
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    stats = collect(model, ids, args.batch)
+    stats = collect(model, ids, args.batch, family_for({"architectures": ["LlamaForCausalLM"]}))
     torch.cuda.synchronize()
     ours = time.perf_counter() - start
     ours_peak = torch.cuda.max_memory_allocated()

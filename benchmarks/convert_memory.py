@@ -97,8 +97,8 @@ def plain_copy(src: Path, dst: Path) -> float:
 # The child reports its own VmHWM: ru_maxrss would include the parent's RSS at fork, which
 # Linux carries over exec (the generator's tensors, here).
 CONVERT = (
-    "import re, sys; from pathlib import Path; from trt_builder.convert import convert_checkpoint; "
-    "from trt_builder.quant import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
+    "import re, sys; from pathlib import Path; from trt_builder.convert.floats import convert_checkpoint; "
+    "from trt_builder.spec.modes import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
     "convert_checkpoint(Path(sys.argv[1]), out, FloatMode('float16'), tp=int(sys.argv[3])); "
     "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
 )

@@ -4,7 +4,7 @@ the INT8 KV cache also token by token through the cache (where its error shows).
 
     .venv/bin/python benchmarks/int8_recipe.py [--hf DIR] [--tokens 8192]
 
-The held-out text (`data/corpus/heldout.jsonl`) is used neither for calibration nor for the
+The held-out text (`trt_builder/calibrate/data/heldout.jsonl`) is used neither for calibration nor for the
 alpha search. Checks the goals of the INT8 work: SmolLM2 `int8` perplexity +1.5% at most and
 top-1 94% at least with every linear but lm_head in INT8; `int8-wo` +0.6% at most; the INT8 KV
 cache adds 0.5 percentage point at most on either. Exits 1 when one is missed.
@@ -33,20 +33,20 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trt_builder.calibrate import calibrate
-    from trt_builder.convert import convert_checkpoint
-    from trt_builder.quant import SmoothQuant, WeightOnlyInt8
-    from trt_builder.recipe import search_recipe
-    from trt_builder.runtime.reference import KVCache, ReferenceModel
-    from trt_builder.smoothquant import convert_smoothquant
-    from trt_builder.spec import CalibrationOptions
-    from trt_builder.verify import corpus_windows
+    from trt_builder.calibrate.corpus import corpus_windows
+    from trt_builder.calibrate.stats import calibrate
+    from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.convert.recipe import search_recipe
+    from trt_builder.convert.smoothquant import convert_smoothquant
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
+    from trt_builder.spec.build import CalibrationOptions
+    from trt_builder.spec.modes import SmoothQuant, WeightOnlyInt8
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-int8-"))
     atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind
     if args.hf is None:
-        from trt_builder.pipeline import run
-        from trt_builder.spec import make_spec
+        from trt_builder.pipeline.build import run
+        from trt_builder.spec.build import make_spec
 
         args.hf = Path(run(make_spec(out=work / "engines"), only=("fetch",)).layout.hf)
     hf: Path = args.hf
@@ -90,7 +90,7 @@ def main() -> None:
     rows: dict[str, dict[str, float]] = {}
 
     def measure(name: str, ck: Path, *, decode: bool = False) -> None:
-        runtime = ReferenceModel.load(ck)
+        runtime = CheckpointRuntime.load(ck)
         rows[name] = figures(teacher_forced(runtime))
         if decode:
             rows[name] |= {f"decode_{k}": v for k, v in figures(decoded(runtime), prefix).items()}

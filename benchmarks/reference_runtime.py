@@ -1,4 +1,4 @@
-"""Prefill throughput of the reference runtime against transformers' eager forward, same model,
+"""Prefill throughput of the checkpoint runtime against transformers' eager forward, same model,
 same batch, same run.
 
     .venv/bin/python benchmarks/reference_runtime.py [--hf DIR] [--device cpu|cuda]
@@ -47,8 +47,8 @@ def synthetic(work: Path) -> Path:
 
 
 def fetch_default(work: Path) -> Path:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     result = run(make_spec(None, out=work / "engines"), only=("fetch",))
     return Path(result.layout.hf)
@@ -83,10 +83,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trt_builder.convert import convert_checkpoint
-    from trt_builder.quant import FloatMode
-    from trt_builder.runtime.reference import ReferenceModel
-    from trt_builder.verify import corpus_windows
+    from trt_builder.calibrate.corpus import corpus_windows
+    from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.spec.modes import FloatMode
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-rt-"))
     atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind
@@ -126,8 +126,8 @@ def main() -> None:
         ck = work / dtype
         ck.mkdir()
         convert_checkpoint(hf, ck, FloatMode(dtype))
-        runtime = ReferenceModel.load(ck, device=device)
-        figures[f"reference runtime, {dtype} checkpoint"] = timed(
+        runtime = CheckpointRuntime.load(ck, device=device)
+        figures[f"checkpoint runtime, {dtype} checkpoint"] = timed(
             lambda r=runtime: r.forward(ids), args.repeats, sync
         )
         del runtime

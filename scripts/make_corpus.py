@@ -1,9 +1,9 @@
-"""Regenerate trt_builder/data/corpus/ from the Python documentation's topic texts.
+"""Regenerate trt_builder/calibrate/data/ from the Python documentation's topic texts.
 
     python3.11 scripts/make_corpus.py
 
 The texts are `pydoc_data.topics` of CPython 3.11 (the language reference sections that
-`help()` shows), under the PSF License; see trt_builder/data/corpus/README.md. Topics are sorted
+`help()` shows), under the PSF License; see trt_builder/calibrate/data/README.md. Topics are sorted
 by name and cut into documents of whole paragraphs (about 1,500 characters), dealt out in turn:
 three of every five to calibration, one to search (the INT8 recipe's scoring), one to held-out
 (verify's perplexity and the recipe's final figures); no text is in two sets.
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "trt_builder" / "data" / "corpus"
+OUT = Path(__file__).resolve().parent.parent / "trt_builder" / "calibrate" / "data"
 SPLITS = ("calibration", "calibration", "search", "calibration", "heldout")
 DOCUMENT_CHARS = 1500
 

@@ -11,9 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tiny_models import make_tiny
-from trt_builder.calibrate import calibrate, load_stats, load_texts, make_samples
-from trt_builder.errors import InputError
-from trt_builder.spec import CalibrationOptions, make_spec
+from trt_builder.calibrate.corpus import load_texts, make_samples
+from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.core.errors import InputError
+from trt_builder.spec.build import CalibrationOptions, make_spec
 
 pytestmark = pytest.mark.integration
 SMALL = CalibrationOptions(samples=6, seq_len=32, batch_size=4)
@@ -82,7 +83,7 @@ def test_text_and_jsonl_sets_and_their_errors(tiny_llama: Path, tmp_path: Path) 
 
 
 def test_a_cached_artifact_shared_by_variants(tiny_llama: Path, tmp_path: Path) -> None:
-    from trt_builder.pipeline import run  # tritonclient: absent on the GPU machine
+    from trt_builder.pipeline.build import run  # tritonclient: absent on the GPU machine
 
     def spec(**kw: object) -> object:
         return make_spec(model=str(tiny_llama), out=tmp_path / "engines", triton_root=tmp_path / "t",

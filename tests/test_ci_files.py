@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trt_builder.engine import IMAGE_RELEASE, PINNED, container_image
-from trt_builder.fleet import load_fleet
+from trt_builder.engine.releases import IMAGE_RELEASE, PINNED, container_image
+from trt_builder.fleet.file import load_fleet
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -72,7 +72,7 @@ def test_image_build_refuses_a_container_outside_the_pinned_releases(
     TensorRT-LLM version stood in for."""
     import importlib.metadata
 
-    from trt_builder.errors import EngineError
+    from trt_builder.core.errors import EngineError
 
     (code,) = re.findall(r'python -c "([^"]+)"', DOCKERFILE.read_text())
     installed = {"tensorrt-llm": "1.1.0"}
@@ -145,7 +145,7 @@ def test_nightly_workflow_runs_the_matrix_it_plans_and_caches_the_engines_root()
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/cli.md"])
 def test_the_exit_code_tables_are_the_codes_the_cli_returns(doc: str) -> None:
-    from trt_builder.errors import EXIT_CODES
+    from trt_builder.core.errors import EXIT_CODES
 
     rows = re.findall(r"^\| (\d+) \| (.+) \|$", (REPO / doc).read_text(), flags=re.M)
     assert sorted(int(code) for code, _ in rows) == sorted(EXIT_CODES)

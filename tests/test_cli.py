@@ -233,11 +233,11 @@ def test_second_build_of_the_same_target_names_the_lock_holder(
 ) -> None:
     import os
 
-    from trt_builder.pipeline import _locked
+    from trt_builder.core.locks import locked
 
     code, result, _ = _cli(capsys, "fetch", *_common(tiny_llama, tmp_path), "--json")
     variant = Path(result["variant_dir"])  # type: ignore[index]
-    with _locked(variant.parent / f".{variant.name}.lock", timeout=1):
+    with locked(variant.parent / f".{variant.name}.lock", timeout=1):
         code, _, err = _cli(
             capsys, "build", *_common(tiny_llama, tmp_path), "--lock-timeout", "0.2"
         )
@@ -303,10 +303,10 @@ def test_engine_and_package_refuse_a_checkpoint_that_failed_verify(
 def test_real_stages_rerun_exactly_when_what_they_read_changes(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trt_builder.digests import sha256_file
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
-    from trt_builder.stages import base
+    from trt_builder.core import stage as framework
+    from trt_builder.core.digests import sha256_file
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     def build(**kw: object) -> dict[str, str]:
         spec = make_spec(
@@ -327,9 +327,9 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
     # A spec field: a new variant; the shared fetch output is reused.
     assert build(dtype="float32") == expect("cached", "ran", "ran", "ran")
     # A tool version: transformers is read by fetch, verify and package, not by convert.
-    real = base.tool_versions
+    real = framework.tool_versions
     monkeypatch.setattr(
-        base,
+        framework,
         "tool_versions",
         lambda names: {
             **real(names),
@@ -337,7 +337,7 @@ def test_real_stages_rerun_exactly_when_what_they_read_changes(
         },
     )
     assert build() == expect("ran", "cached", "ran", "ran")
-    monkeypatch.setattr(base, "tool_versions", real)
+    monkeypatch.setattr(framework, "tool_versions", real)
     # An input file: the tokenizer is read by verify and package, not by convert.
     hf = next((tmp_path / "e").glob("*/*/hf"))
     assert build() == expect("ran", "cached", "ran", "ran")
@@ -402,7 +402,7 @@ def test_engine_phases_show_as_lines_in_a_ci_log(
 ) -> None:  # fmt: skip
     """Not a terminal (a CI log): each trtllm-build phase is a line of its own (the stand-in
     trtllm-build prints the real log's phase markers; it builds nothing)."""
-    from trt_builder.engine import EXECUTABLE_ENV
+    from trt_builder.engine.build import EXECUTABLE_ENV
 
     monkeypatch.setenv(EXECUTABLE_ENV, str(Path(__file__).parent / "standins" / "trtllm-build"))
     code, _, err = _cli(capsys, "build", *_common(tiny_llama, tmp_path), "--dtype", "float32",
@@ -429,3 +429,18 @@ def test_package_check_validates_an_existing_repository(
     code, _, err = _cli(capsys, "package", "--check", str(repo))
     assert code == 8 and "ensemble ensemble: postprocessing has no input 'TOKENS'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_output_options_are_read_from_the_command_not_from_the_raw_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--json` and `--debug` are options of the command: a prompt that reads "--json" is a
+    prompt, and the error stays one line on stderr with nothing on stdout."""
+    url = "http://127.0.0.1:9"  # nothing listens there
+    assert main(["infer", "--url", url, "--prompt", "--json"]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: cannot reach Triton") and "Traceback" not in err
+    assert main(["infer", "--url", url, "--prompt", "hi", "--json", "--debug"]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"ok": False, "exit_code": 3, "error": err.splitlines()[-1][7:]}
+    assert "Traceback" in err

@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import edit_json
-from trt_builder.convert import convert_checkpoint
-from trt_builder.digests import sha256_file
-from trt_builder.errors import ConversionError, UnsupportedModelError
-from trt_builder.quant import FloatMode, WeightOnlyInt8
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.core.digests import sha256_file
+from trt_builder.core.errors import ConversionError, UnsupportedModelError
+from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 
@@ -201,16 +201,16 @@ def test_config_missing_a_key_is_named(tiny_copy: Path, tmp_path: Path) -> None:
 def test_no_input_mapping_outlives_its_tensor(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trt_builder import convert as convert_module
+    from trt_builder.convert import floats as convert_module
 
     seen: list[int] = []
-    real = convert_module._load
+    real = convert_module.load_sources
 
     def counting(rule, index):  # type: ignore[no-untyped-def]
         maps = Path("/proc/self/maps").read_text()
         seen.append(maps.count(str(tiny_llama / "model.safetensors")))
         return real(rule, index)
 
-    monkeypatch.setattr(convert_module, "_load", counting)
+    monkeypatch.setattr(convert_module, "load_sources", counting)
     _convert(tiny_llama, tmp_path / "ck", FloatMode("float16"))
     assert len(seen) == 17 and max(seen) == 0

@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import build_default
-from trt_builder.convert import convert_checkpoint
-from trt_builder.parallel import Mapping, merge
-from trt_builder.quant import FloatMode
+from conftest import build_default, compare_with_modelopt_config
+from trt_builder.checkpoint.mapping import Mapping
+from trt_builder.checkpoint.parallel import merge
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.spec.modes import FloatMode
 
 pytestmark = pytest.mark.integration
 
@@ -104,6 +105,11 @@ def test_smollm2_float16_is_bit_identical_to_modelopt_and_tp3_reassembles(
     assert sorted(ours) == sorted(theirs) and len(ours) == 3 + 30 * 7
     for name, tensor in theirs.items():
         assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
+    compare_with_modelopt_config(
+        json.loads((tmp_path / "ours" / "config.json").read_text()),
+        json.loads((tmp_path / "mo" / "config.json").read_text()),
+        "llama",
+    )
 
     (tmp_path / "tp3").mkdir()
     convert_checkpoint(hf, tmp_path / "tp3", FloatMode("float16"), tp=3)  # 9 heads, 3 KV heads

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from trt_builder.diagnose import (
+from trt_builder.models.family import TensorRule
+from trt_builder.verify.diagnose import (
     check_config,
     check_weights,
     end_findings,
     layer_finding,
     position_finding,
 )
-from trt_builder.models import TensorRule
 
 GEN = torch.Generator().manual_seed(0)
 HF = {

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trt_builder.digests import DigestCache, sha256_file
-from trt_builder.fsio import atomic_dir, write_json
+from trt_builder.core.digests import DigestCache, sha256_file
+from trt_builder.core.fsio import atomic_dir, write_json
 
 
 def test_digest_memo_skips_rehash_until_file_changes(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trt_builder import doctor
+from trt_builder.engine import doctor
 
 STANDINS = Path(__file__).parent / "standins"
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trt_builder import convert as convert_module
-from trt_builder.engine import EXECUTABLE_ENV, UNPLANNED, build_command, run_build
-from trt_builder.errors import EngineError
-from trt_builder.pipeline import BuildResult, run
-from trt_builder.spec import make_spec
-from trt_builder.stages.convert import ConvertStage
+from trt_builder.convert import plan as convert_plan
+from trt_builder.convert.stage import ConvertStage
+from trt_builder.core.errors import EngineError
+from trt_builder.engine.build import EXECUTABLE_ENV, UNPLANNED, build_command, run_build
+from trt_builder.pipeline.build import BuildResult, run
+from trt_builder.spec.build import make_spec
 
 STAND_IN = Path(__file__).parent / "standins" / "trtllm-build"
 
@@ -57,8 +58,8 @@ def test_command_has_gemm_plugin_and_limits(tmp_path: Path) -> None:
 
 
 def test_gemm_plugin_choice_must_match_the_activations(tmp_path: Path) -> None:
-    from trt_builder.engine import check_gemm_plugin
-    from trt_builder.errors import SpecError
+    from trt_builder.core.errors import SpecError
+    from trt_builder.engine.build import check_gemm_plugin
 
     spec = make_spec(dtype="bfloat16", **{"engine.gemm_plugin": "bfloat16"})
     assert "--gemm_plugin bfloat16" in " ".join(build_command(spec, tmp_path, tmp_path))
@@ -184,9 +185,9 @@ def test_stage_runs_the_executable_and_package_includes_the_engine(
 def test_the_engine_manifest_is_checked_before_packaging(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trt_builder import engine as engine_module
-    from trt_builder.digests import sha256_file
-    from trt_builder.engine import MANIFEST, check_engine
+    from trt_builder.core.digests import sha256_file
+    from trt_builder.engine import build as engine_module
+    from trt_builder.engine.build import MANIFEST, check_engine
 
     monkeypatch.setenv(EXECUTABLE_ENV, str(STAND_IN))
     result = run(_spec(tiny_llama, tmp_path))
@@ -237,9 +238,9 @@ def test_engine_from_an_older_checkpoint_is_not_packaged(
     # The converter changes (a new field) and TensorRT-LLM is gone: the checkpoint is rebuilt,
     # the engine cannot be, and the old engine must not ship with the new checkpoint.
     monkeypatch.delenv(EXECUTABLE_ENV)
-    original = convert_module.trtllm_config
+    original = convert_plan.trtllm_config
     monkeypatch.setattr(
-        convert_module,
+        convert_plan,
         "trtllm_config",
         lambda *a, **k: {**original(*a, **k), "residual_mlp": False},
     )
@@ -349,7 +350,7 @@ def test_real_trtllm_build_on_tiny_model(tiny_llama: Path, tmp_path: Path) -> No
 
 
 def test_qwen3_needs_tensorrt_llm_1_0() -> None:
-    from trt_builder.engine import check_release
+    from trt_builder.engine.releases import check_release
 
     with pytest.raises(
         EngineError, match="Qwen3ForCausalLM engines need TensorRT-LLM >= 1.0, this host has 0.21.0"
@@ -369,13 +370,17 @@ def test_qwen3_needs_tensorrt_llm_1_0() -> None:
 def test_flags_per_release_and_mode(
     tmp_path: Path, version: str, dtype: str, kv_cache: str
 ) -> None:
-    from trt_builder.engine import release_for
+    from trt_builder.engine.releases import release_for
 
     release = release_for(version)
     spec = make_spec(dtype=dtype, kv_cache=kv_cache, tp=2)
     argv = build_command(spec, tmp_path / "ck", tmp_path / "eng", release=release)
     flags = dict(zip(argv[1::2], argv[2::2], strict=True))
-    assert not set(flags) & release.rejects
+    # built at all: no flag we pass is one this release rejects; and the guard holds for each
+    for flag in flags:
+        rejecting = dataclasses.replace(release, rejects=frozenset({flag}))
+        with pytest.raises(EngineError, match=f"internal: {flag} is not accepted"):
+            build_command(spec, tmp_path / "ck", tmp_path / "eng", release=rejecting)
     # SmoothQuant's plugins switch on from the checkpoint's quant_algo: no release takes a flag
     assert not any("smooth_quant" in f or "quantiz" in f for f in flags)
     assert flags["--use_paged_context_fmha"] == ("disable" if kv_cache == "int8" else "enable")
@@ -384,7 +389,7 @@ def test_flags_per_release_and_mode(
 
 
 def test_unpinned_releases_are_refused() -> None:
-    from trt_builder.engine import check_release, release_for
+    from trt_builder.engine.releases import check_release, release_for
 
     assert release_for("1.2.0rc8").version == "1.2" and release_for("0.21.0").tensorrt == "10.11"
     for version in ("0.19.0", "1.3.0", "2.0.0"):

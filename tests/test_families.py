@@ -1,5 +1,5 @@
 """Every registered family: conversion against an independent producer (nvidia-modelopt 0.47),
-tensor/pipeline-parallel ranks, and the reference runtime against transformers."""
+tensor/pipeline-parallel ranks, and the checkpoint runtime against transformers."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import compare_with_modelopt_config
 from tiny_models import FAMILIES, make_tiny
-from trt_builder.convert import convert_checkpoint
-from trt_builder.errors import SpecError
-from trt_builder.parallel import Mapping, merge
-from trt_builder.quant import FloatMode, WeightOnlyInt8
-from trt_builder.runtime.reference import ReferenceModel
+from trt_builder.checkpoint.mapping import Mapping
+from trt_builder.checkpoint.parallel import merge
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.core.errors import SpecError
+from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +63,8 @@ def _ranks(path: Path) -> list[dict[str, torch.Tensor]]:
 def test_bit_identical_to_modelopt(models: dict[str, Path], family: str, tmp_path: Path) -> None:
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    ours = load_file(_convert(models[family], tmp_path / "ours") / "rank0.safetensors")
+    ours_dir = _convert(models[family], tmp_path / "ours")
+    ours = load_file(ours_dir / "rank0.safetensors")
     export_tensorrt_llm_checkpoint(
         _hf(models[family]), decoder_type=DECODER_TYPE[family], dtype=torch.float16,
         export_dir=str(tmp_path / "modelopt"), inference_tensor_parallel=1,
@@ -71,6 +74,11 @@ def test_bit_identical_to_modelopt(models: dict[str, Path], family: str, tmp_pat
     for name, tensor in theirs.items():
         assert ours[name].dtype == tensor.dtype and ours[name].shape == tensor.shape, name
         assert torch.equal(ours[name], tensor), name
+    compare_with_modelopt_config(
+        json.loads((ours_dir / "config.json").read_text()),
+        json.loads((tmp_path / "modelopt" / "config.json").read_text()),
+        family,
+    )
 
 
 def test_qwen2_5_vl_decoder_matches_modelopt_on_the_same_weights(
@@ -114,7 +122,7 @@ def test_reference_runtime_agrees_with_transformers(
 ) -> None:
     with torch.no_grad():
         ref = _hf(models[family])(input_ids=IDS[None]).logits[0].float()
-    got = ReferenceModel.load(_convert(models[family], tmp_path, mode)).forward(IDS)
+    got = CheckpointRuntime.load(_convert(models[family], tmp_path, mode)).forward(IDS)
     lp, lq = torch.log_softmax(ref.double(), -1), torch.log_softmax(got.double(), -1)
     kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
     assert kl <= max_kl
@@ -181,10 +189,10 @@ def test_vocab_is_padded_for_a_split_lm_head(tokenizer_dir: Path, tmp_path: Path
 
 
 def test_tp_checkpoint_runs_like_tp1(models: dict[str, Path], tmp_path: Path) -> None:
-    one = ReferenceModel.load(
+    one = CheckpointRuntime.load(
         _convert(models["qwen2"], tmp_path / "a", FloatMode("float32"))
     ).forward(IDS)
-    two = ReferenceModel.load(
+    two = CheckpointRuntime.load(
         _convert(models["qwen2"], tmp_path / "b", FloatMode("float32"), tp=2, pp=2)
     ).forward(IDS)
     assert torch.equal(one, two)
@@ -266,8 +274,8 @@ def test_auto_dtype_keeps_half_and_turns_float32_into_float16(
 def test_build_end_to_end_for_every_family(
     models: dict[str, Path], family: str, tmp_path: Path
 ) -> None:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     spec = make_spec(
         model=str(models[family]), dtype="float32", out=tmp_path / "e", triton_root=tmp_path / "t"

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import edit_json
-from trt_builder.digests import DigestCache
-from trt_builder.errors import InputError
-from trt_builder.fetch import fetch_model
-from trt_builder.source import resolve_source
+from trt_builder.core.digests import DigestCache
+from trt_builder.core.errors import InputError
+from trt_builder.source.fetch import fetch_model
+from trt_builder.source.resolve import resolve_source
 
 pytestmark = pytest.mark.integration
 
@@ -187,9 +187,9 @@ def test_hub_model_is_refused_from_its_config_before_the_weights(
     the weights (which are not there)."""
     from huggingface_hub import constants
 
-    from trt_builder.errors import UnsupportedModelError
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.core.errors import UnsupportedModelError
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     sha = "fedcba9876543210fedcba9876543210fedcba98"
     root = Path(constants.HF_HUB_CACHE) / "models--org--mamba"

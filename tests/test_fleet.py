@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trt_builder.cli.main import main
-from trt_builder.errors import SpecError
-from trt_builder.fleet import load_fleet
+from trt_builder.core.errors import SpecError
+from trt_builder.fleet.file import load_fleet
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -205,7 +205,7 @@ def test_the_documented_fleet_file_loads(tmp_path: Path) -> None:
 
 
 def test_gc_settings_are_checked(tmp_path: Path) -> None:
-    from trt_builder.fleet import gc_settings
+    from trt_builder.fleet.file import gc_settings
 
     assert gc_settings(_write(tmp_path, BASE + "[gc]\nolder_than = '12h'\nkeep_revisions = 0\n")) == {
         "older_than": 43200, "keep_revisions": 0}  # fmt: skip

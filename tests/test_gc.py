@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from trt_builder.cli.main import main
-from trt_builder.nightly import History
+from trt_builder.fleet.nightly import History
 
 FLEET = """
 [fleet]
@@ -238,3 +238,20 @@ def test_gc_over_fleets_sharing_a_root_counts_each_thing_once(
                          "--older-than", "0", "--keep-revisions", "0", "--dry-run")  # fmt: skip
     assert code == 0
     assert [r["kind"] for r in result["removed"]] == ["variant", "revision"]
+
+
+def test_the_library_takes_the_policy_from_the_first_fleets_gc_table(tmp_path: Path) -> None:
+    """collect() without a policy reads [gc] as the CLI does: an explicit argument wins."""
+    from trt_builder.fleet.file import load_fleet
+    from trt_builder.fleet.gc import collect
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(f'[gc]\nolder_than = "0"\nkeep_revisions = 0\n[[models]]\nmodel = "org/m"\n'
+                     f'pin = "{"c" * 40}"\n  [[models.variants]]\n  dtype = "float16"\n')  # fmt: skip
+    _variant(tmp_path / "engines", "org--gone", "d" * 40, "float16-tp1-pp1")
+    fleets = [load_fleet(fleet)]
+    assert [r.kind for r in collect(fleets, dry_run=True).removed] == ["variant", "revision"]
+    # the default and an argument of a week keep the just-made variant
+    assert collect(fleets, older_than=7 * 86400, dry_run=True).removed == []
+    fleet.write_text(fleet.read_text().replace('older_than = "0"\nkeep_revisions = 0\n', ""))
+    assert collect([load_fleet(fleet)], dry_run=True).removed == []

@@ -1,5 +1,5 @@
 """The INT8 KV cache on float and weight-only checkpoints, and its K/V balancing
-(trt_builder/kvcache.py): exact in float, replicated across ranks, better than one plain scale."""
+(trt_builder/convert/kvcache.py): exact in float, replicated across ranks, better than one plain scale."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from tiny_models import make_tiny
-from trt_builder import kvcache
-from trt_builder.calibrate import calibrate, load_stats
-from trt_builder.convert import convert_checkpoint
-from trt_builder.errors import ConversionError
-from trt_builder.quant import FloatMode, WeightOnlyInt8
-from trt_builder.runtime.reference import KVCache, ReferenceModel
-from trt_builder.spec import CalibrationOptions
+from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.convert import floats, kvcache
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.core.errors import ConversionError
+from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
+from trt_builder.spec.build import CalibrationOptions
+from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21, 8, 90, 33, 2]])
@@ -37,7 +37,7 @@ def _convert(hf: Path, tmp: Path, mode: object, calibration: Path | None, **kw: 
     return tmp
 
 
-def _decoded(model: ReferenceModel, ids: torch.Tensor = IDS, prefix: int = 4) -> torch.Tensor:
+def _decoded(model: CheckpointRuntime, ids: torch.Tensor = IDS, prefix: int = 4) -> torch.Tensor:
     """Logits with every token after `prefix` fed one at a time through the (INT8) KV cache."""
     cache = KVCache()
     steps = [model.forward(ids[:, :prefix], cache)]
@@ -48,9 +48,9 @@ def _decoded(model: ReferenceModel, ids: torch.Tensor = IDS, prefix: int = 4) ->
 def test_the_balancing_is_exact_in_float(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
-    plain = ReferenceModel.load(_convert(tiny_llama, tmp_path / "a", FloatMode("float32"), None))
+    plain = CheckpointRuntime.load(_convert(tiny_llama, tmp_path / "a", FloatMode("float32"), None))
     ck = _convert(tiny_llama, tmp_path / "b", FloatMode("float32", kv_int8=True), calibrated)
-    kv8 = ReferenceModel.load(ck)
+    kv8 = CheckpointRuntime.load(ck)
     config = kv8.config
     assert (
         config["quantization"]["kv_cache_quant_algo"] == "INT8"
@@ -73,7 +73,7 @@ def test_the_balancing_is_exact_in_float(
     ranks = [load_file(tp2 / f"rank{r}.safetensors") for r in range(2)]
     assert torch.equal(ranks[0][scale], b[scale]) and torch.equal(ranks[1][scale], b[scale])
     torch.testing.assert_close(
-        _decoded(ReferenceModel.load(tp2)), _decoded(kv8), atol=1e-4, rtol=1e-4
+        _decoded(CheckpointRuntime.load(tp2)), _decoded(kv8), atol=1e-4, rtol=1e-4
     )
 
 
@@ -81,10 +81,10 @@ def test_gpt2_learned_positions_and_fused_qkv(tmp_path: Path, tokenizer_dir: Pat
     make_tiny("gpt2", tmp_path / "gpt2", tokenizer_dir)
     (tmp_path / "cal").mkdir()
     calibrate(tmp_path / "gpt2", tmp_path / "cal", CAL)
-    plain = ReferenceModel.load(
+    plain = CheckpointRuntime.load(
         _convert(tmp_path / "gpt2", tmp_path / "a", FloatMode("float32"), None)
     )
-    kv8 = ReferenceModel.load(
+    kv8 = CheckpointRuntime.load(
         _convert(
             tmp_path / "gpt2", tmp_path / "b", FloatMode("float32", kv_int8=True), tmp_path / "cal"
         )
@@ -102,7 +102,7 @@ def test_balancing_beats_one_plain_scale(
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from trt_builder.verify import corpus_windows
+    from trt_builder.calibrate.corpus import corpus_windows
 
     hf = tmp_path / "hf"
     shutil.copytree(tiny_llama, hf)
@@ -116,7 +116,7 @@ def test_balancing_beats_one_plain_scale(
     ids = torch.tensor(corpus_windows(AutoTokenizer.from_pretrained(hf), 64, window=32))
 
     def decoded(ck: Path) -> torch.Tensor:
-        return torch.cat([_decoded(ReferenceModel.load(ck), row[None]) for row in ids])
+        return torch.cat([_decoded(CheckpointRuntime.load(ck), row[None]) for row in ids])
 
     reference = decoded(_convert(hf, tmp_path / "f", FloatMode("float32"), None))
     kv8 = FloatMode("float32", kv_int8=True)
@@ -128,7 +128,7 @@ def test_balancing_beats_one_plain_scale(
         return kvcache.KVBalance(torch.ones(ranges.numel()), torch.ones(heads * head),
                                  ranges.max(), (ranges.max() / 127).reshape(1))  # fmt: skip
 
-    monkeypatch.setattr(kvcache, "balance", plain)
+    monkeypatch.setattr(floats, "balance", plain)  # the name the converter calls
     naive = decoded(_convert(hf, tmp_path / "n", kv8, tmp_path / "cal"))
     err_balanced = float((balanced - reference).abs().mean())
     err_naive = float((naive - reference).abs().mean())
@@ -139,7 +139,7 @@ def test_weight_only_with_the_int8_kv_cache(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     ck = _convert(tiny_llama, tmp_path / "wo", WeightOnlyInt8(kv_int8=True), calibrated)
-    model = ReferenceModel.load(ck)
+    model = CheckpointRuntime.load(ck)
     assert model.config["quantization"] == {**model.config["quantization"], "quant_algo": "W8A16",
                                             "kv_cache_quant_algo": "INT8"}  # fmt: skip
     w = load_file(ck / "rank0.safetensors")
@@ -178,8 +178,8 @@ def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_
 
 
 def test_the_pipeline_calibrates_for_the_int8_kv_cache(tiny_llama: Path, tmp_path: Path) -> None:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     def build(dtype: str, **kw: object) -> tuple[dict[str, str], Path]:
         spec = make_spec(model=str(tiny_llama), dtype=dtype, kv_cache="int8", out=tmp_path / "e",
@@ -203,8 +203,8 @@ def test_verify_passes_a_balanced_checkpoint(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     """The static check knows the balancing's rewrite (no false 'differs from the model')."""
-    from trt_builder.diagnose import check_static
-    from trt_builder.runtime.reference import read_checkpoint
+    from trt_builder.checkpoint.reader import read_checkpoint
+    from trt_builder.verify.diagnose import check_static
 
     ck = _convert(tiny_llama, tmp_path / "kv8", FloatMode("float16", kv_int8=True), calibrated)
     config, weights = read_checkpoint(ck)

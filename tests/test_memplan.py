@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trt_builder.errors import SpecError
-from trt_builder.memplan import (
-    GIB,
-    Limits,
-    MemoryPlan,
-    plan,
-    proposed_batch,
-    resolve_limits,
-)
-from trt_builder.spec import make_spec
+from trt_builder.core.errors import SpecError
+from trt_builder.engine.memplan import GIB, Limits, MemoryPlan, plan, proposed_batch, resolve_limits
+from trt_builder.spec.build import make_spec
 
 LLAMA2_7B = {
     "architecture": "LlamaForCausalLM", "hidden_size": 4096, "intermediate_size": 11008,
@@ -146,3 +139,50 @@ def test_plan_command(
     assert main(["plan", "--model", str(tiny_llama), "--max-batch-size", "8"]) == 0
     out = capsys.readouterr().out
     assert "KV cache per token" in out and "max_batch_size" in out and "8 (given; 256 fit)" in out
+
+
+#: meta-llama/Llama-2-7b-hf's config.json, as the hub serves it.
+LLAMA2_7B_CONFIG_JSON = {
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
+    "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": True,
+    "vocab_size": 32000,
+}  # fmt: skip
+
+
+def test_plan_reads_a_directory_holding_only_config_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No weights, no tokenizer: the plan needs the config alone, and writes nothing."""
+    from trt_builder.cli.main import main
+
+    model = tmp_path / "llama-2-7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA2_7B_CONFIG_JSON))
+    assert main(["plan", "--model", str(model), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    # 6.74e9 parameters in float16; 2 (K, V) x 32 layers x 32 KV heads x 128 x 2 bytes
+    assert round(plan["weight_bytes"] / 1e9, 2) == 13.48
+    assert plan["kv_bytes_per_token"] == 512 * 1024
+    assert main(["plan", "--model", str(model)]) == 0
+    text = capsys.readouterr().out
+    assert "12.55 GiB (float16 linears)" in text and "512.0 KiB (float16)" in text
+    assert not (tmp_path / "engines").exists()  # nothing fetched, nothing written
+
+
+def test_the_mlp_the_plan_counts_is_the_registrys() -> None:
+    """GPT-2's registry entry says plain MLP (fc, proj): one intermediate x hidden matrix per
+    layer fewer than the same shape as a SwiGLU family. An architecture the registry does not
+    know is refused, not planned with a guess."""
+    from trt_builder.core.errors import UnsupportedModelError
+
+    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "int8_linears": False,
+              "kv_int8": False, "limits": Limits(max_batch_size=1, max_num_tokens=2048)}  # fmt: skip
+    gated = plan(LLAMA2_7B, **inputs).weight_bytes
+    plain = plan({**LLAMA2_7B, "architecture": "GPT2LMHeadModel"}, **inputs).weight_bytes
+    assert gated - plain == 32 * 11008 * 4096 * 2
+    with pytest.raises(UnsupportedModelError, match="FalconForCausalLM is not supported"):
+        plan({**LLAMA2_7B, "architecture": "FalconForCausalLM"}, **inputs)

@@ -15,10 +15,10 @@ import pytest
 
 from tiny_models import make_fleet_models, tiny_fleet
 from trt_builder.cli.main import main
-from trt_builder.errors import HubUnreachable, InputError
-from trt_builder.fleet import DEFAULT_TOLERANCES, METRICS, Tolerance, load_fleet
-from trt_builder.nightly import History, compare, resolve_revisions, run_nightly
-from trt_builder.nightly_report import markdown
+from trt_builder.core.errors import HubUnreachable, InputError
+from trt_builder.fleet.file import DEFAULT_TOLERANCES, METRICS, Tolerance, load_fleet
+from trt_builder.fleet.nightly import History, compare, resolve_revisions, run_nightly
+from trt_builder.fleet.report import markdown
 
 SCHEMAS = Path(__file__).parent / "schemas"
 NOTHING = {"cached", "cached-failed", "skipped"}
@@ -236,6 +236,30 @@ def test_upstream_revisions_online_offline_and_with_the_hub_down(
     assert any("upstream was not checked" in n for n in entry(fallback).notices)
 
 
+@pytest.mark.integration
+def test_an_offline_night_asks_no_hub_even_where_the_environment_allows_it(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_nightly(offline=True) fetches a pinned hub model from the local HF cache with
+    HF_HUB_OFFLINE unset: no stage reads the environment to decide."""
+    import huggingface_hub
+
+    sha = "3" * 40
+    _hub_cache(tiny_llama, "org/nightly-tiny", sha)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def online(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an offline night asked the hub")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", online)
+    path = tmp_path / "fleet.toml"
+    path.write_text(HUB_FLEET.replace("{pin}", f'pin = "{sha}"'))
+    result = run_nightly(load_fleet(path), offline=True)
+    (entry,) = result.entries
+    assert entry.status == "passed", entry.message
+    assert entry.revision == sha and "fetch" in entry.rebuilt
+
+
 def test_offline_without_a_pin_or_history_is_an_entry_error(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(HUB_FLEET.replace("org/nightly-tiny", "org/never-fetched").replace("{pin}", ""))
@@ -294,7 +318,7 @@ def test_an_unexpected_error_in_one_entry_is_reported_and_the_others_still_run(
         calls.append(spec.dtype)
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("trt_builder.pipeline.run", broken)
+    monkeypatch.setattr("trt_builder.pipeline.build.run", broken)
     result = run_nightly(load_fleet(path))
     assert calls == ["float16", "bfloat16"] and not result.ok
     for e in result.entries:
@@ -303,7 +327,7 @@ def test_an_unexpected_error_in_one_entry_is_reported_and_the_others_still_run(
             and e.message == "internal error: RuntimeError: a bug (please report it)"
         )
         assert e.traceback and "RuntimeError: a bug" in e.traceback
-    from trt_builder.nightly_report import write_reports
+    from trt_builder.fleet.report import write_reports
 
     paths = write_reports(result, tmp_path / "reports")
     suites = _validate_junit(paths["junit"])
@@ -346,7 +370,7 @@ def test_with_the_hub_down_and_no_pin_the_local_cache_gives_the_revision(
 
 
 def test_accepting_an_entry_the_run_does_not_build_is_refused(tmp_path: Path) -> None:
-    from trt_builder.errors import SpecError
+    from trt_builder.core.errors import SpecError
 
     path = tmp_path / "fleet.toml"
     two = (

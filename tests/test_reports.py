@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trt_builder.reports import write_html, write_junit, write_reports
+from trt_builder.verify.reports import write_html, write_junit, write_reports
 
 SCRIPT = "<script>alert(1)</script>"
 SVG_NAMESPACES = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")
@@ -240,6 +240,6 @@ def test_write_reports_names_the_files_after_a_stem(tmp_path: Path) -> None:
 
 
 def test_importing_reports_does_not_import_matplotlib() -> None:
-    code = "import sys, trt_builder.reports; print('matplotlib' in sys.modules)"
+    code = "import sys, trt_builder.verify.reports; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

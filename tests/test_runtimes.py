@@ -13,10 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trt_builder.errors import EngineError, InputError
-from trt_builder.gates import gate_for
-from trt_builder.runtime.engines import EngineRuntime, TritonRuntime, primary_end_id, trim
-from trt_builder.verify import verify_checkpoint
+from trt_builder.core.errors import EngineError, InputError
+from trt_builder.engine.runtime import EngineRuntime
+from trt_builder.runtimes.generation import primary_end_id, trim
+from trt_builder.spec.gates import gate_for
+from trt_builder.triton.repository import TRTLLM_IN
+from trt_builder.triton.runtime import TritonRuntime
+from trt_builder.verify.compare import verify_checkpoint
 
 
 def test_continuations_stop_after_the_first_end_id() -> None:
@@ -38,15 +41,18 @@ def test_the_triton_request_matches_the_tensorrt_llm_model_inputs() -> None:
     runtime = TritonRuntime.__new__(TritonRuntime)  # no server here: only the request
     runtime.client_module = client
     inputs = runtime.request([1, 2, 3], 16, end_id=2, pad_id=0)
-    names = {i.name(): (i.shape(), i.datatype()) for i in inputs}
-    assert names == {
-        "input_ids": ([1, 3], "INT32"),
-        "input_lengths": ([1, 1], "INT32"),
-        "request_output_len": ([1, 1], "INT32"),
-        "end_id": ([1, 1], "INT32"),
-        "pad_id": ([1, 1], "INT32"),
-        "runtime_top_k": ([1, 1], "INT32"),
-    }
+    sent = {i.name(): (i.shape(), i.datatype()) for i in inputs}
+    # every input the repository's tensorrt_llm model requires is sent, and each one sent is
+    # declared there with that type and, past the batch dimension, those dims
+    declared = {name: (dtype.removeprefix("TYPE_"), dims, optional)
+                for name, dtype, dims, optional in TRTLLM_IN}  # fmt: skip
+    assert {n for n, (_, _, optional) in declared.items() if not optional} <= set(sent)
+    for name, (shape, dtype) in sent.items():
+        want_type, dims, _ = declared[name]
+        assert dtype == want_type, name
+        assert len(shape) == 1 + len(dims) and shape[0] == 1, name
+        assert all(d == -1 or d == s for d, s in zip(dims, shape[1:], strict=True)), name
+    assert sent["input_ids"][0] == [1, 3]
 
 
 def test_without_tensorrt_llm_the_engine_runtime_says_where_it_runs(tmp_path: Path) -> None:
@@ -87,8 +93,8 @@ def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:
     and verify it through TensorRT-LLM's runtime against transformers."""
     import subprocess
 
-    from trt_builder.convert import convert_checkpoint
-    from trt_builder.quant import FloatMode
+    from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.spec.modes import FloatMode
 
     ck, engine = tmp_path / "ck", tmp_path / "engine"
     ck.mkdir()
@@ -122,13 +128,12 @@ def test_verify_a_live_triton_deployment() -> None:
 def test_verify_compares_a_greedy_only_runtime_on_generation(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stand-in for the engine runtime, named as such: the reference runtime's generation
+    """A stand-in for the engine runtime, named as such: the checkpoint runtime's generation
     behind EngineRuntime's interface, without teacher-forced logits (an engine built without
     --gather_context_logits). Verify then gates on greedy agreement alone."""
-    from trt_builder.convert import convert_checkpoint
-    from trt_builder.quant import FloatMode
-    from trt_builder.runtime import engines
-    from trt_builder.runtime.reference import ReferenceModel
+    from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.spec.modes import FloatMode
 
     ck = tmp_path / "ck"
     ck.mkdir()
@@ -138,15 +143,15 @@ def test_verify_compares_a_greedy_only_runtime_on_generation(
         teacher_forced = False
 
         def __init__(self, engine_dir: Path, *, eos_token_id: int | None = None) -> None:
-            self.model = ReferenceModel.load(ck)
+            self.model = CheckpointRuntime.load(ck)
 
         def greedy_batch(self, *args: object) -> list[list[int]]:
             return self.model.greedy_batch(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engines, "EngineRuntime", StandInEngineRuntime)
     report = verify_checkpoint(
         ck, tiny_llama, gate=gate_for("float32"), device="cpu", max_new_tokens=6,
         runtime="tensorrt-llm", engine_dir=tmp_path,
+        open_runtime=lambda tokenizer: StandInEngineRuntime(tmp_path),
     )  # fmt: skip
     assert report["passed"], report["failures"]
     assert report["runtime"] == "tensorrt-llm" and report["engine"] == str(tmp_path)

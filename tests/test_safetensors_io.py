@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trt_builder import safetensors_io
-from trt_builder.errors import InputError
-from trt_builder.safetensors_io import SafetensorsIndex, StreamingWriter
+from trt_builder.checkpoint import safetensors_io
+from trt_builder.checkpoint.safetensors_io import SafetensorsIndex, StreamingWriter
+from trt_builder.core.errors import InputError
 
 TENSORS = {
     "b": torch.arange(15, dtype=torch.float32).reshape(3, 5).to(torch.bfloat16),
@@ -125,7 +125,7 @@ def test_a_full_disk_is_an_error_before_any_tensor(
     import errno
     import os
 
-    from trt_builder.errors import OutputError
+    from trt_builder.core.errors import OutputError
 
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

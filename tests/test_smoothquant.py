@@ -1,5 +1,5 @@
 """SmoothQuant W8A8 and the INT8 KV cache: the checkpoint in TensorRT-LLM's plugin format, its
-arithmetic, the reference runtime's plugin GEMM, and the calibration reused across recipes."""
+arithmetic, the checkpoint runtime's plugin GEMM, and the calibration reused across recipes."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from tiny_models import make_tiny
-from trt_builder.calibrate import calibrate, load_stats
-from trt_builder.errors import ConversionError, SpecError
-from trt_builder.quant import SmoothQuant
-from trt_builder.runtime.reference import ReferenceModel
-from trt_builder.smoothquant import convert_smoothquant
-from trt_builder.spec import CalibrationOptions
+from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.convert.smoothquant import convert_smoothquant
+from trt_builder.core.errors import ConversionError, SpecError
+from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.spec.build import CalibrationOptions
+from trt_builder.spec.modes import SmoothQuant
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21])
@@ -72,7 +72,7 @@ def test_the_runtime_gemm_is_the_plugin_arithmetic(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     ck = _convert(tiny_llama, calibrated, tmp_path, SmoothQuant(alpha=0.5, dtype="float16"))
-    model = ReferenceModel.load(ck)
+    model = CheckpointRuntime.load(ck)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1)).half().float()
     w = load_file(ck / "rank0.safetensors")
     p = "transformer.layers.1.attention.qkv"
@@ -92,7 +92,7 @@ def test_the_runtime_follows_transformers(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = ReferenceModel.load(_convert(tiny_llama, calibrated, tmp_path, mode))
+    model = CheckpointRuntime.load(_convert(tiny_llama, calibrated, tmp_path, mode))
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(IDS[None]).logits[0]
@@ -116,11 +116,11 @@ def test_static_scales_and_the_int8_kv_cache(
     kv = max(float(stats[f"model.layers.0.self_attn.{x}_proj.output_absmax"].max()) for x in "kv")
     assert float(w[p + "attention.kv_cache_scaling_factor"]) == pytest.approx(kv / 127)
 
-    with_kv = ReferenceModel.load(ck)
+    with_kv = CheckpointRuntime.load(ck)
     plain_ck = _convert(
         tiny_llama, calibrated, tmp_path / "nokv", SmoothQuant(0.5, per_token=False)
     )
-    plain, wp = ReferenceModel.load(plain_ck), load_file(plain_ck / "rank0.safetensors")
+    plain, wp = CheckpointRuntime.load(plain_ck), load_file(plain_ck / "rank0.safetensors")
     # the balancing only rescales: the same int8 weights, scales multiplied by its factors
     assert torch.equal(w[p + "attention.qkv.weight"], wp[p + "attention.qkv.weight"])
     assert not torch.equal(w[p + "attention.dense.smoother"], wp[p + "attention.dense.smoother"])
@@ -137,7 +137,7 @@ def test_static_scales_and_the_int8_kv_cache(
 def test_tensor_and_pipeline_parallel_ranks(
     tiny_llama: Path, calibrated: Path, tmp_path: Path, tp: int, pp: int
 ) -> None:
-    from trt_builder.runtime.reference import read_checkpoint
+    from trt_builder.checkpoint.reader import read_checkpoint
 
     mode = SmoothQuant(alpha=0.5, per_token=False, kv_int8=True)  # every kind of tensor
     one = _convert(tiny_llama, calibrated, tmp_path / "one", mode)
@@ -186,7 +186,7 @@ def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_
 def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trt_builder.recipe import GRID, fit_per_layer
+    from trt_builder.convert.recipe import GRID, fit_per_layer
 
     same = {i: {g: 0.6 for g in ("qkv", "dense", "fc", "proj")} for i in range(2)}
     a = load_file(
@@ -221,7 +221,7 @@ def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path
     errors = {}
     for alpha in GRID:
         ck = _convert(tiny_llama, calibrated, tmp_path / f"g{alpha}", SmoothQuant(alpha))
-        runtime = ReferenceModel.load(ck)
+        runtime = CheckpointRuntime.load(ck)
         runtime.dtype = torch.float32  # the fit's arithmetic: no float16 rounding
         h = runtime._norm(runtime._dense["transformer.vocab_embedding.weight"][IDS],
                           "transformer.layers.0.input_layernorm")  # fmt: skip
@@ -231,8 +231,8 @@ def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path
 
 
 def test_changing_the_recipe_reuses_the_calibration(tiny_llama: Path, tmp_path: Path) -> None:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
 
     def build(**kw: object) -> dict[str, str]:
         spec = make_spec(model=str(tiny_llama), dtype="int8", out=tmp_path / "e", triton_root=tmp_path / "t",

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from trt_builder.errors import SpecError
-from trt_builder.quant import FloatMode, SmoothQuant, WeightOnlyInt8, mode_for
-from trt_builder.spec import BuildLimits, BuildSpec, Int8Options, load_toml, make_spec
+from trt_builder.core.errors import SpecError
+from trt_builder.spec.build import BuildLimits, BuildSpec, Int8Options, load_toml, make_spec
+from trt_builder.spec.modes import FloatMode, SmoothQuant, WeightOnlyInt8, mode_for
 
 
 def test_defaults_and_variant() -> None:

@@ -13,12 +13,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from trt_builder import versions
-from trt_builder.digests import DigestCache
-from trt_builder.layout import Layout
-from trt_builder.source import ModelSource
-from trt_builder.spec import BuildSpec
-from trt_builder.stages.base import BuildContext, run_stage
+from trt_builder.core import versions
+from trt_builder.core.digests import DigestCache
+from trt_builder.core.layout import Layout
+from trt_builder.core.stage import BuildContext, run_stage
+from trt_builder.source.resolve import ModelSource
+from trt_builder.spec.build import BuildSpec
 
 
 class CopyStage:
@@ -95,7 +95,7 @@ def test_key_invalidates_exactly_the_stages_that_read_the_change(
     versions.tool_version.cache_clear()
     real = versions.tool_version
     monkeypatch.setattr(
-        "trt_builder.stages.base.tool_versions",
+        "trt_builder.core.stage.tool_versions",
         lambda names: {
             n: ("9.9" if n == "transformers" else real(n)) for n in ("trt-builder", *names)
         },
@@ -121,7 +121,7 @@ KILLED_STAGE = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from test_stages import CopyStage, _ctx
-    from trt_builder.stages.base import run_stage
+    from trt_builder.core.stage import run_stage
 
     class Slow(CopyStage):
         def run(self, ctx, work):

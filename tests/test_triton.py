@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trt_builder.errors import PackageError
+from trt_builder.core.errors import PackageError
 from trt_builder.triton.repository import RepositoryOptions, validate_repository, write_repository
 
 OPTS = RepositoryOptions(
@@ -129,14 +129,16 @@ def _module(repo: Path, name: str):  # type: ignore[no-untyped-def]
 
 
 def test_python_models_tokenize_like_the_hf_tokenizer(repo: Path, tokenizer_dir: Path) -> None:
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(repo / "preprocessing" / "tokenizer")
+    # the ids the Rust tokenizer itself gives (no transformers wrapper, nor the model's code)
+    raw = Tokenizer.from_file(str(repo / "preprocessing" / "tokenizer" / "tokenizer.json"))
     pre = _module(repo, "preprocessing")
     text = "The quick brown fox — naïve café 1, 2, 3"
-    assert pre.encode_query(tok, text, add_special_tokens=True, max_input_len=64) == tok.encode(
-        text
-    )
+    ids = pre.encode_query(tok, text, add_special_tokens=True, max_input_len=64)
+    assert ids == raw.encode(text, add_special_tokens=True).ids and len(ids) > 10
     with pytest.raises(ValueError, match="empty prompt"):
         pre.encode_query(tok, "   ", add_special_tokens=True, max_input_len=64)
     with pytest.raises(ValueError, match="the engine accepts at most 64"):
@@ -247,9 +249,14 @@ def test_preprocessing_matches_apply_chat_template_on_smollm2(
         assert pre.render_chat(tok, chat, environment=env) == tok.apply_chat_template(
             chat, add_generation_prompt=True, tokenize=False
         )
-    # plain text: encode with the tokenizer's special tokens, as transformers does
+    # plain text: encode with the tokenizer's special tokens, as the Rust tokenizer does
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(smollm2_hf / "tokenizer.json"))
     text = "Ünïcödé 🦊 and plain words"
-    assert pre.encode_query(tok, text, add_special_tokens=True, max_input_len=0) == tok.encode(text)
+    ids = pre.encode_query(tok, text, add_special_tokens=True, max_input_len=0)
+    assert ids == raw.encode(text, add_special_tokens=True).ids
+    assert raw.decode(ids) == text
     # the whole request path, batch of two chats
     out = pre.preprocess(
         tok,
@@ -318,8 +325,8 @@ def test_chat_templates_run_sandboxed(repo: Path) -> None:
 def test_packaged_repositories_validate_and_publish_versions(
     tiny_llama: Path, tmp_path: Path, dtype: str, tp: int
 ) -> None:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
     from trt_builder.triton.repository import INFO, current_version, published_versions
 
     def build(**flags: object):  # type: ignore[no-untyped-def]
@@ -372,9 +379,9 @@ def test_packaged_repositories_validate_and_publish_versions(
 def test_a_failed_publish_leaves_the_current_version(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trt_builder.pipeline import run
-    from trt_builder.spec import make_spec
-    from trt_builder.stages import package as package_stage
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
+    from trt_builder.triton import stage as package_stage
     from trt_builder.triton.repository import current_version
 
     def spec(**flags: object):  # type: ignore[no-untyped-def]
@@ -453,7 +460,7 @@ def test_infer_through_a_stand_in_server(capsys: pytest.CaptureFixture[str]) -> 
     slow = StandInTriton(slow=3.0)
     try:
         code = main(["infer", "--url", slow.url, "--prompt", "x", "--timeout", "1"])
-        assert code == 7 and "timed out" in capsys.readouterr().err.lower()
+        assert code == 12 and "timed out" in capsys.readouterr().err.lower()
     finally:
         slow.shutdown()
     assert main(["infer", "--url", "http://127.0.0.1:9", "--prompt", "x", "--timeout", "2"]) == 3

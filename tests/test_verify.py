@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trt_builder.convert import convert_checkpoint
-from trt_builder.gates import gate_for
-from trt_builder.quant import FloatMode
-from trt_builder.verify import verify_checkpoint
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.spec.gates import gate_for
+from trt_builder.spec.modes import FloatMode
+from trt_builder.verify.compare import verify_checkpoint
 
 pytestmark = pytest.mark.integration
 

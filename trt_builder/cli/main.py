@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..errors import EXIT_CODES, TrtBuilderError, VerifyFailed
-from ..pipeline import BuildResult, run
-from ..spec import load_toml, make_spec
+from ..core.errors import EXIT_CODES, TrtBuilderError, VerifyFailed
+from ..pipeline.build import BuildResult, run
+from ..spec.build import load_toml, make_spec
 from . import options
 from .render import StageProgress, summary, verify_figures
 
@@ -36,7 +36,6 @@ def _spec_from(kwargs: dict[str, Any]) -> Any:
 
 def _run(stages: tuple[str, ...], kwargs: dict[str, Any]) -> None:
     as_json = kwargs.pop("as_json")
-    kwargs.pop("debug")
     force, dry_run, lock_timeout = (
         kwargs.pop("force"),
         kwargs.pop("dry_run"),
@@ -44,26 +43,19 @@ def _run(stages: tuple[str, ...], kwargs: dict[str, Any]) -> None:
     )
     spec = _spec_from(kwargs)
     progress = None if as_json else StageProgress(err)
-    try:
-        result = run(
-            spec,
-            only=stages,
-            force=force,
-            dry_run=dry_run,
-            lock_timeout=lock_timeout,
-            listener=progress,
-        )
-    except VerifyFailed as failure:
-        partial: BuildResult | None = getattr(failure, "result", None)
-        if partial is not None:
-            _report(partial, as_json, ok=False)
-        raise
-    _report(result, as_json, ok=True)
+    result = run(spec, only=stages, force=force, dry_run=dry_run, lock_timeout=lock_timeout,
+                 listener=progress, check=False)  # fmt: skip
+    if result.error is not None and not isinstance(result.error, VerifyFailed):
+        raise result.error  # one line on stderr (and {"ok": false} with --json)
+    _report(result, as_json, ok=result.error is None)
+    if result.error is not None:
+        raise result.error
 
 
 def _report(result: BuildResult, as_json: bool, *, ok: bool) -> None:
     if as_json:
         click.echo(json.dumps({"ok": ok, **result.to_json()}, indent=2, default=str))
+        options.OUTPUT.printed = True
     else:
         summary(err, result)
 
@@ -174,7 +166,7 @@ def package_command(check_dir: Path | None, **kwargs: Any) -> None:
     type=click.Choice(["reference", "tensorrt-llm", "triton"]),
     default="reference",
     show_default=True,
-    help="What runs the model: our reference runtime (a checkpoint), TensorRT-LLM (--engine) or a Triton deployment (--url).",
+    help="What runs the model: reference, our checkpoint runtime (a checkpoint); TensorRT-LLM (--engine); or a Triton deployment (--url).",
 )
 @click.option(
     "--engine",
@@ -225,7 +217,9 @@ def verify_command(
             "or a deployment on its own; give none of these to verify a build"
         )
     if runtime == "reference" and checkpoint is None:
-        raise click.UsageError("--checkpoint and --reference go together for the reference runtime")
+        raise click.UsageError(
+            "--checkpoint and --reference go together for the checkpoint runtime (--runtime reference)"
+        )
     if runtime == "tensorrt-llm" and engine is None:
         raise click.UsageError("--runtime tensorrt-llm needs --engine DIR")
     if runtime == "triton" and not url:
@@ -245,30 +239,17 @@ def _verify_dirs(
     engine: Path | None,
     url: str | None,
 ) -> None:
-    from ..fsio import write_json
-    from ..gates import checkpoint_mode
-    from ..reports import write_reports
-    from ..verify import verify_checkpoint
+    from ..pipeline.standalone import verify_standalone
+    from ..spec.gates import checkpoint_mode
 
     spec = _spec_from(dict(kwargs))
-    mode = checkpoint_mode(checkpoint) if checkpoint is not None else spec.mode.name
-    report = verify_checkpoint(
-        checkpoint,
-        reference,
-        gate=spec.verify.gate(mode),
-        max_new_tokens=spec.verify.max_new_tokens,
-        heldout_tokens=spec.verify.heldout_tokens,
-        device=spec.verify.device,
-        tokenizer_dir=tokenizer,
-        runtime=runtime,
-        engine_dir=engine,
-        url=url,
-    )
-    write_json(report_path, report)
-    write_reports(report, report_path.parent, stem=report_path.stem)
+    report = verify_standalone(checkpoint, reference, spec, runtime=runtime, engine_dir=engine,
+                               url=url, tokenizer=tokenizer, report_path=report_path)  # fmt: skip
     if kwargs.get("as_json"):
         click.echo(json.dumps(report, indent=2, default=str))
+        options.OUTPUT.printed = True
     else:
+        mode = checkpoint_mode(checkpoint) if checkpoint is not None else spec.mode.name
         verdict = "[green]pass[/]" if report["passed"] else "[red]FAIL[/]"
         html = escape(str(report_path.with_suffix(".html")))
         err.print(f"verify {verdict} ({mode}, {runtime}): {verify_figures(report)}; report: {html}")
@@ -282,19 +263,18 @@ def _verify_dirs(
 @options.apply(options.SPEC_OPTIONS, options.OUTPUT_OPTIONS)
 def plan_command(**kwargs: Any) -> None:
     """Print the memory plan of the engine on the target GPU: weights, KV cache per token,
-    activations, and how many sequences fit (fetches the model's config if needed).
+    activations, and how many sequences fit (from the model's config.json alone: no weights).
 
     \b
     Example:
       trt-builder plan --model meta-llama/Llama-2-7b-hf --dtype int8 --target-gpu A100-80GB
     """
-    from ..fetch import read_hf_config
-    from ..memplan import GIB, proposed_batch, resolve_limits
+    from ..engine.memplan import GIB, proposed_batch
+    from ..pipeline.plan import plan_memory
 
     as_json = kwargs["as_json"]
     spec = _spec_from(dict(kwargs))
-    result = run(spec, only=("fetch",))
-    _, memory = resolve_limits(spec, read_hf_config(Path(result.layout.hf)))
+    memory = plan_memory(spec)
     source = {True: "from the plan", False: "given"}
     if as_json:
         data = {"ok": True, **memory.to_json()}
@@ -324,9 +304,9 @@ def plan_command(**kwargs: Any) -> None:
 @click.option("--metrics-port", type=int, default=8002, show_default=True)
 @click.option("--tritonserver", default="tritonserver", show_default=True,
               help="The tritonserver executable.")  # fmt: skip
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@options.DEBUG_OPTION
 def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: int,
-                      tritonserver: str, debug: bool) -> None:  # fmt: skip
+                      tritonserver: str) -> None:  # fmt: skip
     """Print the tritonserver command (under mpirun for tp x pp > 1) that serves a repository
     trt-builder wrote: explicit model control, strict readiness, exit on error.
 
@@ -359,11 +339,10 @@ def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_
 @click.option(
     "--timeout", type=float, default=60.0, show_default=True, help="Seconds per response."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@options.apply(options.OUTPUT_OPTIONS)
 def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens: int,
                   temperature: float | None, top_k: int | None, top_p: float | None,
-                  stream: bool, model: str, timeout: float, as_json: bool, debug: bool) -> None:  # fmt: skip
+                  stream: bool, model: str, timeout: float, as_json: bool) -> None:  # fmt: skip
     """Send one request to a live Triton deployment of a trt-builder repository and print the
     answer (checks readiness first; fails after --timeout).
 
@@ -371,7 +350,7 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
     Example:
       trt-builder infer --url grpc://localhost:8001 --prompt "The capital of France is"
     """
-    from ..errors import InputError
+    from ..core.errors import InputError
     from ..triton import client
 
     chat = None
@@ -422,11 +401,10 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
               show_default=True, help="Where nightly.json, nightly.junit.xml and nightly.md go.")  # fmt: skip
 @click.option("--lock-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for another build of the same target.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@options.apply(options.OUTPUT_OPTIONS)
 def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, offline: bool,
                     accept: tuple[str, ...], report_dir: Path, lock_timeout: float,
-                    as_json: bool, debug: bool) -> None:  # fmt: skip
+                    as_json: bool) -> None:  # fmt: skip
     """Rebuild a fleet (models x variants, a TOML file): resolve upstream revisions, rerun only
     the stages whose keys changed, verify, and compare each metric with the entry's last good
     run. Exits 11 when an entry fails a gate, errors, or regressed beyond its tolerance.
@@ -437,18 +415,14 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
       trt-builder nightly fleet.toml --matrix
       trt-builder nightly fleet.toml --entry smollm2/int8 --report-dir reports
     """
-    import os
-
-    from ..fleet import load_fleet
-    from ..nightly import check, run_nightly
-    from ..nightly_report import write_reports
+    from ..fleet.file import load_fleet
+    from ..fleet.nightly import check, run_nightly
+    from ..fleet.report import write_reports
 
     fleet = load_fleet(fleet_file)
     if matrix:
         click.echo(json.dumps(fleet.matrix(fleet.select(entries)), separators=(",", ":")))
         return
-    if offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
     progress = None if as_json else StageProgress(err)
 
     def on_entry(event: str, i: int, n: int, er: Any) -> None:
@@ -475,11 +449,8 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
             f"{result.seconds:.1f} s; reports: {escape(str(paths['markdown']))}, "
             f"{escape(str(paths['junit']))}"
         )
-    try:
-        check(result, paths["markdown"])
-    except TrtBuilderError as exc:
-        exc.printed = as_json  # type: ignore[attr-defined]  # the result JSON is on stdout
-        raise
+    options.OUTPUT.printed = as_json  # a failing run's JSON result is already on stdout
+    check(result, paths["markdown"])
 
 
 @cli.command("gc", epilog=EPILOG_EXIT)
@@ -492,10 +463,9 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
               help="Unreferenced revisions of each model kept anyway, newest first (default: "
               "[gc] keep_revisions, else 1: the one before, for a rollback).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@options.apply(options.OUTPUT_OPTIONS)
 def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
-               keep_revisions: int | None, dry_run: bool, as_json: bool, debug: bool) -> None:  # fmt: skip
+               keep_revisions: int | None, dry_run: bool, as_json: bool) -> None:  # fmt: skip
     """Remove old variants and their Triton repositories from the fleets' roots, never one a
     fleet references (what it builds now, and what its last run and last good run built).
 
@@ -504,15 +474,10 @@ def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
       trt-builder gc fleet.toml --dry-run
       trt-builder gc fleet.toml --older-than 14d --keep-revisions 2
     """
-    from ..fleet import load_fleet
-    from ..gc import collect
+    from ..fleet.file import load_fleet
+    from ..fleet.gc import collect
 
     fleets = [load_fleet(path) for path in fleet_files]
-    settings = fleets[0].gc  # the first fleet's [gc] is the policy
-    if older_than is None:
-        older_than = settings.get("older_than", 7 * 86400)
-    if keep_revisions is None:
-        keep_revisions = settings.get("keep_revisions", 1)
     result = collect(fleets, older_than=older_than, keep_revisions=keep_revisions,
                      dry_run=dry_run)  # fmt: skip
     if as_json:
@@ -531,9 +496,8 @@ def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
 @cli.command("doctor")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("engines"), show_default=True,
               help="Engines root whose disk is checked.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
-def doctor_command(out: Path, as_json: bool, debug: bool) -> None:
+@options.apply(options.OUTPUT_OPTIONS)
+def doctor_command(out: Path, as_json: bool) -> None:
     """What this host has (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, memory, disk) and which
     modes it can build engines for.
 
@@ -541,7 +505,7 @@ def doctor_command(out: Path, as_json: bool, debug: bool) -> None:
     Example:
       trt-builder doctor
     """
-    from ..doctor import inspect
+    from ..engine.doctor import inspect
 
     report = inspect(out)
     if as_json:
@@ -572,10 +536,9 @@ def models_command() -> None:
     Example:
       trt-builder models
     """
-    from ..models import REGISTRY, load_all
+    from ..models.registry import load_all
 
-    load_all()
-    for arch, family in sorted(REGISTRY.items()):
+    for arch, family in sorted(load_all().items()):
         notes = f"  ({'; '.join(family.notes)})" if family.notes else ""
         click.echo(f"{arch:<36} family={family.name}{notes}")
 
@@ -583,8 +546,8 @@ def models_command() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, map every error to one line and a documented exit code."""
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
-    as_json = "--json" in args
+    out = options.OUTPUT
+    out.json = out.debug = out.printed = False  # set by the command's --json / --debug
     try:
         cli.main(args=args, prog_name="trt-builder", standalone_mode=False)
         return 0
@@ -600,14 +563,14 @@ def main(argv: list[str] | None = None) -> int:
         err.print("interrupted")
         return 130
     except TrtBuilderError as exc:
-        if debug:
+        if out.debug:
             traceback.print_exc()
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        if as_json and not isinstance(exc, VerifyFailed) and not getattr(exc, "printed", False):
+        if out.json and not out.printed:
             click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
         return exc.exit_code
     except Exception as exc:  # the one place an unexpected error becomes a message
-        if debug:
+        if out.debug:
             traceback.print_exc()
         err.print(
             f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} "

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..gpus import GPUS
-from ..quant import DTYPE_CHOICES
-from ..spec import GEMM_PLUGINS
+from ..core.errors import SpecError
+from ..fleet.file import parse_duration
+from ..spec.build import GEMM_PLUGINS
+from ..spec.gpus import GPUS
+from ..spec.modes import DTYPE_CHOICES
 
 F = Callable[..., Any]
 
@@ -24,8 +27,6 @@ class Duration(click.ParamType):
         self.least = least
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from ..errors import SpecError
-        from ..fleet import parse_duration
 
         try:
             return parse_duration(value, "the duration", self.least)
@@ -165,10 +166,36 @@ RUN_OPTIONS: tuple[Callable[[F], F], ...] = (
     ),
 )
 
-OUTPUT_OPTIONS: tuple[Callable[[F], F], ...] = (
-    click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout."),
-    click.option("--debug", is_flag=True, help="Show tracebacks."),
-)
+
+@dataclass
+class Output:
+    """What the output options asked for, kept for main() (which maps errors to messages after
+    the command is gone): JSON on stdout, tracebacks, and whether the command already printed
+    its own JSON result."""
+
+    json: bool = False
+    debug: bool = False
+    printed: bool = False
+
+
+#: The current command's output options (main() resets it for every command).
+OUTPUT = Output()
+
+
+def _remember(field: str) -> Callable[[click.Context, click.Parameter, bool], bool]:
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        setattr(OUTPUT, field, bool(value))
+        return value
+
+    return callback
+
+
+#: Eager, so that they hold even when another option's value is refused.
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, is_eager=True,
+                           callback=_remember("json"), help="Print the result as JSON on stdout.")  # fmt: skip
+DEBUG_OPTION = click.option("--debug", is_flag=True, is_eager=True, expose_value=False,
+                            callback=_remember("debug"), help="Show tracebacks.")  # fmt: skip
+OUTPUT_OPTIONS: tuple[Callable[[F], F], ...] = (JSON_OPTION, DEBUG_OPTION)
 
 
 def apply(*groups: tuple[Callable[[F], F], ...]) -> Callable[[F], F]:

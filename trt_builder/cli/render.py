@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
-from ..pipeline import BuildResult
-from ..stages.base import StageRecord
+from ..core.stage import StageRecord
+from ..pipeline.build import BuildResult
 
 STYLE = {
     "ran": "green",

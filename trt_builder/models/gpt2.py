@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from . import Family, TensorRule, register
+from .family import Family, TensorRule, register
 
 # Per layer: (TensorRT-LLM name, HF name under `transformer.h.N.`, shape key, Conv1D).
 LAYER_TABLE: tuple[tuple[str, str, str, bool], ...] = (
@@ -104,5 +104,8 @@ GPT2 = register("GPT2LMHeadModel")(
         config=gpt2_config,
         tensors=gpt2_tensors,
         ignored=(".attn.bias", ".attn.masked_bias"),
+        gated_mlp=False,  # fc -> gelu -> proj
+        smoothquant=False,  # not written for GPT-2's fused Conv1D qkv yet
+        decoder_layer=r"(^|\.)h\.\d+\.",  # transformer.h.N
     )
 )

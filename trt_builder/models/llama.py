@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConversionError
-from . import Family, TensorRule, register
+from ..core.errors import ConversionError
+from .family import Family, TensorRule, register
+from .shape import AttentionShape
 
 # Per layer: (TensorRT-LLM name, HF names under `<prefix>layers.N.`, shape key).
 LAYER_TABLE: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -44,12 +45,12 @@ class Dims:
 
     @classmethod
     def of(cls, cfg: dict[str, Any]) -> Dims:
-        heads = cfg["num_attention_heads"]
+        attention = AttentionShape.of(cfg)
         return cls(
             hidden=cfg["hidden_size"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            head=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            heads=attention.heads,
+            kv_heads=attention.kv_heads,
+            head=attention.head_size,
             inter=cfg["intermediate_size"],
             vocab=cfg["vocab_size"],
             layers=cfg["num_hidden_layers"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from . import Family, TensorRule, register
+from .family import Family, TensorRule, register
 from .llama import llama_style_config, llama_style_tensors, sliding_window_advice
 
 
@@ -93,6 +93,9 @@ QWEN3 = register("Qwen3ForCausalLM")(
         config=qwen3_config,
         tensors=qwen3_tensors,
         ignored=("rotary_emb.inv_freq",),
+        qk_norm=True,
+        int8_kv_cache=False,  # calibrated ranges are taken before the q/k norms
+        min_release="1.0",  # the TensorRT backend gained Qwen3 in 1.0
         notes=(
             "Qwen3 engines need TensorRT-LLM 1.0 or later (the TensorRT backend gained Qwen3 in 1.0)",
         ),
@@ -104,6 +107,7 @@ QWEN2_5_VL = register("Qwen2_5_VLForConditionalGeneration")(
         config=qwen2_5_vl_config,
         tensors=qwen2_5_vl_tensors,
         ignored=("rotary_emb.inv_freq", "visual.", "model.visual."),
+        vision_tower=("visual.", "model.visual."),
         notes=(
             "Qwen2.5-VL: only the language model is converted (as a Qwen2 decoder, text input); "
             "the vision tower is not, and TensorRT-LLM <= 1.2 has no engine for it",

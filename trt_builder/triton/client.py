@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError, InputError
+from ..core.errors import InputError, TritonError
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
 def _text(result: Any) -> str:
     out = result.as_numpy("text_output")
     if out is None:
-        raise EngineError("the response has no text_output: is this a trt-builder repository?")
+        raise TritonError("the response has no text_output: is this a trt-builder repository?")
     value = out.reshape(-1)[0]
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -106,7 +106,7 @@ def generate(url: str, request: Request, *, model: str = "ensemble", timeout: fl
         extra = {"client_timeout": timeout} if grpc else {}
         result = client.infer(model, _inputs(module, request, False), outputs=outputs, **extra)
     except Exception as exc:  # InferenceServerException and transport errors
-        raise EngineError(
+        raise TritonError(
             f"Triton refused or timed out on the request ({exc}); a streaming (decoupled) "
             "repository needs --stream over gRPC"
         ) from None
@@ -129,7 +129,7 @@ def stream(
 
 def stream_results(client: Any, model: str, inputs: list[Any], *, timeout: float) -> Iterator[Any]:
     """Every response of one request to a decoupled model over a gRPC stream, up to the
-    server's (empty) final response; EngineError on a refusal or after `timeout` of silence."""
+    server's (empty) final response; TritonError on a refusal or after `timeout` of silence."""
     pieces: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: pieces.put((result, error)))
     try:
@@ -138,9 +138,9 @@ def stream_results(client: Any, model: str, inputs: list[Any], *, timeout: float
             try:
                 result, error = pieces.get(timeout=timeout)
             except queue.Empty:
-                raise EngineError(f"no response from {model} within {timeout:g} s") from None
+                raise TritonError(f"no response from {model} within {timeout:g} s") from None
             if error is not None:
-                raise EngineError(f"Triton refused the request to {model}: {error}")
+                raise TritonError(f"Triton refused the request to {model}: {error}")
             yield result
             final = result.get_response().parameters.get("triton_final_response")
             if final is not None and final.bool_param:

@@ -15,8 +15,8 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..errors import PackageError
-from ..fsio import link_or_copy, replace_symlink
+from ..core.errors import PackageError
+from ..core.fsio import link_or_copy, replace_symlink
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -292,7 +292,7 @@ def write_repository(
     validate_repository(work)
 
 
-def _load(path: Path) -> mc.ModelConfig:
+def load_sources(path: Path) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
         text_format.Parse(path.read_text(), config)
@@ -314,7 +314,7 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     dims agreeing). Raises PackageError naming the model and tensor."""
     if not root.is_dir():
         raise PackageError(f"{root} is not a directory: give the Triton model repository")
-    configs = {p.parent.name: _load(p) for p in sorted(root.glob("*/config.pbtxt"))}
+    configs = {p.parent.name: load_sources(p) for p in sorted(root.glob("*/config.pbtxt"))}
     if not configs:
         raise PackageError(f"{root} holds no model (no */config.pbtxt)")
     for name, config in configs.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import PackageError
+from ..core.errors import PackageError
 from .repository import INFO, validate_repository
 
 #: Loaded explicitly on the first rank; the other ranks load only the engine.

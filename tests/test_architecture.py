@@ -1,0 +1,130 @@
+"""The package's shape: an acyclic import graph (read with ast), sub-packages that import only
+those below them, and stage keys whose code digest follows the imports."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trt_builder.core import codegraph
+from trt_builder.core.codegraph import LAYERS, Graph, code_digest, graph, layer
+
+PACKAGE = codegraph.PACKAGE
+STAGE_MODULES = {
+    "fetch": "trt_builder.source.stage",
+    "calibrate": "trt_builder.calibrate.stage",
+    "convert": "trt_builder.convert.stage",
+    "verify": "trt_builder.verify.stage",
+    "engine": "trt_builder.engine.stage",
+    "package": "trt_builder.triton.stage",
+}
+
+
+def upward_imports(g: Graph) -> list[str]:
+    """Imports of a sub-package from one above it in LAYERS, as 'a -> b (line)'."""
+    order = {name: i for i, name in enumerate(LAYERS)}
+    bad = []
+    for imp in g.imports:
+        src, dst = layer(imp.source), layer(imp.target)
+        if src and dst and order[dst] > order[src]:
+            bad.append(f"{imp.source} -> {imp.target} (line {imp.line})")
+    return bad
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    """A throwaway package named trt_builder under `root`, for the checks' own failures."""
+    pkg = root / "trt_builder"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = pkg / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    g = graph()
+    assert len(g.paths) > 60 and len(g.imports) > 200  # the real package, read whole
+    assert g.cycles() == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
+    """A lazy import inside a function is an edge too: it cannot hide a cycle."""
+    pkg = _package(tmp_path, {
+        "core/__init__.py": "",
+        "core/a.py": "def f():\n    from .b import g\n    return g\n",
+        "core/b.py": "from .a import f\n\ng = f\n",
+        "core/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
+    })  # fmt: skip
+    cycles = graph(pkg).cycles()
+    assert cycles == [["trt_builder.core.a", "trt_builder.core.b", "trt_builder.core.a"]]
+    # an import for annotations only is not an edge
+    assert graph(pkg).targets("trt_builder.core.c") == []
+
+
+def test_every_sub_package_has_its_place_in_the_declared_order() -> None:
+    on_disk = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert sorted(LAYERS) == on_disk
+
+
+def test_no_sub_package_imports_one_above_it() -> None:
+    assert upward_imports(graph()) == []
+
+
+def test_the_order_check_sees_an_upward_import(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "core/__init__.py": "",
+        "core/stage.py": "def f():\n    from ..cli.main import main\n",
+        "cli/__init__.py": "",
+        "cli/main.py": "from ..core.stage import f\n\ndef main():\n    return f\n",
+    })  # fmt: skip
+    assert upward_imports(graph(pkg)) == ["trt_builder.core.stage -> trt_builder.cli.main (line 2)"]
+
+
+def test_modules_loaded_by_name_are_edges_of_the_module_that_loads_them() -> None:
+    """The registry imports its family modules by name: they count as its imports (so the
+    convert stage's key covers every family), and nothing else loads modules by name."""
+    g = graph()
+    families = {"trt_builder.models.llama", "trt_builder.models.qwen", "trt_builder.models.gpt2"}
+    assert families <= set(g.targets("trt_builder.models.registry"))
+    assert families <= set(g.closure(STAGE_MODULES["convert"]))
+    dynamic = sorted(n for n, p in g.paths.items() if "import_module(" in p.read_text())
+    assert dynamic == ["trt_builder.models.registry"]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    codegraph.graph.cache_clear()
+    return {stage: code_digest(module, root) for stage, module in STAGE_MODULES.items()}
+
+
+@pytest.mark.parametrize(
+    ("edited", "changes"),
+    [
+        # imported by the recipe search (convert) and by verify, through two modules each
+        ("runtimes/scoring.py", {"convert", "verify"}),
+        # the bundled corpus: calibration, the recipe's search split, verify's held-out text
+        ("calibrate/data/search.jsonl", {"calibrate", "convert", "verify"}),
+        # a family module, loaded by the registry by name; the memory plan reads families too
+        ("models/llama.py", {"calibrate", "convert", "verify", "engine", "package"}),
+        # copied into the repository by package, imported by nobody
+        ("triton/python_models/preprocessing.py", {"package"}),
+        # the stage framework: every stage
+        ("core/stage.py", set(STAGE_MODULES)),
+    ],
+)
+def test_a_stage_key_changes_exactly_with_the_code_it_imports(
+    tmp_path: Path, edited: str, changes: set[str]
+) -> None:
+    root = tmp_path / "trt_builder"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        before = _digests(root)
+        path = root / edited
+        path.write_bytes(path.read_bytes() + (b"\n# edited\n" if edited.endswith(".py") else b""))
+        if not edited.endswith(".py"):
+            path.write_text(path.read_text() + '{"text": "one more document"}\n')
+        after = _digests(root)
+    finally:
+        codegraph.graph.cache_clear()
+    assert {stage for stage in STAGE_MODULES if before[stage] != after[stage]} == changes

@@ -1,0 +1,114 @@
+"""The bundled corpus (calibration, search and held-out splits, in data/) and calibration sets from files or the hub."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import InputError
+from ..spec.build import BUNDLED, CalibrationOptions
+
+
+def corpus_windows(
+    tokenizer: Any, tokens: int, window: int = 256, split: str = "heldout"
+) -> list[list[int]]:
+    """A split of the bundled corpus (by default the held-out text, never used for calibration
+    or the INT8 search), tokenized and cut into windows; `tokens` in all, at most."""
+    ids = tokenizer("\n\n".join(bundled_texts(split))).input_ids[:tokens]
+    return [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
+
+
+def bundled_texts(split: str) -> list[str]:
+    """The documents of one split of the bundled corpus: calibration, search or heldout."""
+    path = resources.files(__package__).joinpath(f"data/{split}.jsonl")
+    return _jsonl(path.read_text("utf-8"), f"the bundled {split} set")
+
+
+def load_texts(dataset: str) -> tuple[list[str], str]:
+    """(documents, a digest of them) of a calibration set."""
+    if dataset == BUNDLED:
+        texts = bundled_texts("calibration")
+    elif dataset.startswith("hf:"):
+        texts = _hf_dataset(dataset.removeprefix("hf:"))
+    else:
+        path = Path(dataset)
+        if not path.is_file():
+            raise InputError(
+                f"calibration set {dataset} is not a file: give a .txt or .jsonl file, "
+                "'bundled', or hf:NAME for a Hugging Face dataset"
+            )
+        raw = path.read_text("utf-8", errors="replace")
+        if path.suffix == ".jsonl":
+            texts = _jsonl(raw, path.name)
+        else:  # plain text: documents are separated by blank lines
+            texts = [t.strip() for t in raw.split("\n\n") if t.strip()]
+    if not texts:
+        raise InputError(f"calibration set {dataset} holds no text")
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    return texts, digest
+
+
+def _jsonl(raw: str, what: str) -> list[str]:
+    texts = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            texts.append(str(row["text"]))
+        except (ValueError, KeyError, TypeError):
+            raise InputError(
+                f'{what} line {number} is not a JSON object with a "text" field: fix that line'
+            ) from None
+    return texts
+
+
+def _hf_dataset(spec: str) -> list[str]:
+    name, _, rest = spec.partition(":")
+    split, _, field = rest.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(
+            "an hf: calibration set needs the datasets package: pip install datasets (or give a "
+            ".txt / .jsonl file)"
+        ) from None
+    try:
+        rows = datasets.load_dataset(name, split=split or "train")
+    except Exception as exc:  # datasets raises many kinds; offline is the usual one
+        raise InputError(
+            f"cannot load dataset {name} ({exc}): check the name, or work online"
+        ) from None
+    column = field or "text"
+    if column not in rows.column_names:
+        raise InputError(
+            f"dataset {name} has no {column!r} column: name one as hf:{name}:{split or 'train'}:COLUMN"
+        )
+    return [str(t) for t in rows[column] if str(t).strip()]
+
+
+def make_samples(tokenizer: Any, texts: list[str], options: CalibrationOptions) -> torch.Tensor:
+    """[samples, seq_len] token ids: documents shuffled by the seed, joined with the end id,
+    cut into windows."""
+    order = list(range(len(texts)))
+    random.Random(options.seed).shuffle(order)
+    sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    stream: list[int] = []
+    need = options.samples * options.seq_len
+    for i in order:
+        stream += tokenizer(texts[i], add_special_tokens=False).input_ids + [sep]
+        if len(stream) >= need:
+            break
+    have = len(stream) // options.seq_len
+    if have < options.samples:
+        raise InputError(
+            f"the calibration set gives only {have} samples of {options.seq_len} tokens: lower "
+            f"--calib-samples or --calib-seq-len, or give more text"
+        )
+    return torch.tensor(stream[:need]).view(options.samples, options.seq_len)

@@ -1,0 +1,46 @@
+"""calibrate: activation statistics of the HF model over a calibration set, shared by every
+variant of the model (engines/<model>/<revision>/calibration/<settings>/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..core.stage import MARKER, BuildContext
+
+
+class CalibrateStage:
+    name: ClassVar[str] = "calibrate"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+
+    def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
+        """Asked for by name, or needed by the mode (SmoothQuant, the INT8 KV cache)."""
+        return explicit or ctx.spec.mode.needs_calibration
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.calibration(ctx.spec.calibrate.slug())
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        hf = ctx.layout.hf  # the weights, config and tokenizer decide the statistics
+        inputs = {"hf/config.json": hf / "config.json"}  # missing: fetch has not run
+        if hf.is_dir():
+            inputs.update(
+                {
+                    f"hf/{p.name}": p
+                    for p in sorted(hf.iterdir())
+                    if p.is_file() and p.name != MARKER
+                }
+            )
+        dataset = ctx.spec.calibrate.dataset
+        if Path(dataset).is_file():
+            inputs["dataset"] = Path(dataset)
+        return inputs
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        return ctx.spec.calibrate.key_fields()
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        from .stats import calibrate  # torch and transformers: only when it runs
+
+        return calibrate(ctx.layout.hf, work, ctx.spec.calibrate)

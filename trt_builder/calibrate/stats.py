@@ -1,0 +1,143 @@
+"""Calibration: activation statistics of the transformers model over a calibration set.
+
+For every linear layer of the decoder: the absolute maximum of its input per input channel (what
+SmoothQuant's smoother and static activation scales need) and of its output per output channel
+(static output scales take their maximum; the INT8 KV cache balances K and V channels with the
+q/k/v_proj ones, docs/quantization.md). The statistics are an artifact of their own
+(`calibration.safetensors` + `calibration.json`), keyed by the model, the calibration set and
+the sampling knobs only: changing alpha, granularity or the KV-cache choice reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import InputError
+from ..models.family import Family
+from ..models.registry import family_for
+from ..source.files import read_hf_config
+from ..source.hf import load_hf_model, pick_device
+from ..spec.build import CalibrationOptions
+from .corpus import load_texts, make_samples
+
+
+class _Recorder:
+    """Forward hooks on the decoder's linear layers (where the family's registry entry says its
+    decoder layers and vision tower are): running absmax per channel of inputs and of outputs."""
+
+    def __init__(self, model: torch.nn.Module, family: Family) -> None:
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.handles = []
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+        decoder = re.compile(family.decoder_layer)
+        for name, module in model.named_modules():
+            if (
+                isinstance(module, (torch.nn.Linear, Conv1D))
+                and decoder.search(name)
+                and not name.startswith(family.vision_tower)
+            ):
+                self.handles.append(module.register_forward_hook(self._hook(name)))
+        if not self.handles:
+            raise InputError("the model has no decoder linear layers to calibrate")
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+            # kept where the layer runs (no synchronisation per call); moved to the CPU once
+            x, y = args[0].detach(), output.detach()
+            ax = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            ay = y.abs().reshape(-1, y.shape[-1]).amax(dim=0).float()
+            if name in self.inputs:
+                torch.maximum(self.inputs[name], ax, out=self.inputs[name])
+                torch.maximum(self.outputs[name], ay, out=self.outputs[name])
+            else:
+                self.inputs[name], self.outputs[name] = ax, ay
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"{n}.input_absmax": t.cpu() for n, t in self.inputs.items()}
+        out.update({f"{n}.output_absmax": t.cpu() for n, t in self.outputs.items()})
+        return out
+
+
+def collect(
+    model: torch.nn.Module, ids: torch.Tensor, batch_size: int, family: Family
+) -> dict[str, torch.Tensor]:
+    """Run `model` over the [samples, seq_len] ids in batches; the statistics by name."""
+    recorder = _Recorder(model, family)
+    first = next(model.parameters()).device
+    try:
+        with torch.inference_mode():
+            for row in range(0, ids.shape[0], batch_size):
+                model(ids[row : row + batch_size].to(first), use_cache=False)
+    finally:
+        recorder.close()
+    return recorder.tensors()
+
+
+def _load_model(hf_dir: Path, device: str, offload: Path) -> Any:
+
+    if device == "cuda":  # every GPU, spilling to CPU memory and then to disk (accelerate)
+        offload.mkdir(parents=True, exist_ok=True)
+        return load_hf_model(hf_dir, dtype="auto", device_map="auto", offload_folder=str(offload))
+    return load_hf_model(hf_dir)
+
+
+def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[str, Any]:
+    """Run the model over the calibration set and write the statistics into `out_dir`."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    start = time.perf_counter()
+    device = pick_device(options.device)
+    texts, digest = load_texts(options.dataset)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = make_samples(tokenizer, texts, options)
+    model = _load_model(hf_dir, device, out_dir / "offload").eval()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    stats = collect(model, ids, options.batch_size, family_for(read_hf_config(hf_dir)))
+    save_file({k: v.contiguous() for k, v in sorted(stats.items())}, str(out_dir / "calibration.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    seconds = round(time.perf_counter() - start, 2)
+    summary = {
+        **asdict(options),
+        "device": device,
+        "dataset_digest": digest,
+        "documents": len(texts),
+        "tokens": int(ids.numel()),
+        "linears": len(stats) // 2,
+        "seconds": seconds,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+    }
+    (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if (out_dir / "offload").exists():
+        import shutil
+
+        shutil.rmtree(out_dir / "offload")
+    return summary
+
+
+def load_stats(directory: Path) -> dict[str, torch.Tensor]:
+    """The statistics of a calibration directory, by `<HF linear>.input_absmax` / `.output_absmax`."""
+    from safetensors.torch import load_file
+
+    path = directory / "calibration.safetensors"
+    if not path.is_file():
+        raise InputError(f"{directory} holds no calibration: run trt-builder calibrate")
+    return load_file(path)

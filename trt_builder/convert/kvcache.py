@@ -1,0 +1,126 @@
+"""The INT8 KV cache: one scale per layer, made to fit every channel of K and V.
+
+TensorRT-LLM's INT8 KV cache stores round(x / s) of K (after RoPE) and of V, with one scale s per
+layer (`attention.kv_cache_scaling_factor`). Calibrated ranges differ widely between channels
+and between K and V (SmolLM2's layer 0: |k| reaches 10.8, |v| 0.6), so a scale that covers the
+largest leaves most channels, and V above all, a handful of levels.
+
+Before s is chosen, each layer is rewritten by an equivalence that is exact in real arithmetic
+(and for the INT8 GEMMs exact in their scales, docs/quantization.md):
+- V channel (g, d) of KV head g is multiplied by T / a_v[g, d] (INT8 weight-only: all of V by
+  T / max a_v, see `balance`). Attention averages V, so the
+  output of every query head that reads head g is multiplied the same way on channel d; the
+  dense layer's input undoes it (its SmoothQuant smoother, or its float weight's column).
+- K channel (g, d) is multiplied by T / a_k[g, d], where a_k is the larger range of d and its
+  RoPE partner (RoPE rotates the pair, so both take one factor, which commutes with it); the
+  query channels (h, d) of the heads reading g are divided by it, so q . k is unchanged.
+a is the calibrated absmax of the projection's output channel, floored at T / FLOOR so that no
+channel is blown up by more than FLOOR. Then K and V channels all span about T and s = T / 127.
+
+The scale fits the calibrated ranges exactly, with no headroom: values beyond them saturate, so
+calibrate on text like what will be served. Measured on SmolLM2 (2048 decoded tokens): the INT8
+KV cache's cost falls from +1.4 points of perplexity to none measurable; room of 1.25x above
+the ranges cost +0.6 point, and bounding a RoPE pair by what rotation can reach
+(sqrt(a_d^2 + a_d'^2), never saturating) +0.2 point; docs/benchmarks.md.
+
+Models that normalise q and k after the projection (Qwen3's q/k norms) are refused: the
+calibrated ranges are taken before those norms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..core.errors import ConversionError
+from ..models.family import Family
+from ..models.shape import AttentionShape
+
+#: No channel is multiplied by more than this.
+FLOOR = 128.0
+
+
+@dataclass(frozen=True)
+class KVBalance:
+    """One layer's rewrite: factors for the rows of the fused qkv output ([q | k | v]) and for
+    the input channels of dense, and the KV cache scale."""
+
+    qkv_rows: torch.Tensor  # float32 [(heads + 2 kv_heads) * head]
+    dense_in: torch.Tensor  # float32 [heads * head]: dense's input channels come multiplied by it
+    qkv_range: torch.Tensor  # float32 [] absmax of the rewritten qkv output (static scales)
+    scale: torch.Tensor  # float32 [1]: kv_cache_scaling_factor
+
+
+def shape_of(config: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(heads, kv_heads, head size, rotary dims) of a TensorRT-LLM config."""
+    shape = AttentionShape.of(config)
+    head = shape.head_size
+    rotary = 0
+    if config.get("position_embedding_type", "learned_absolute") != "learned_absolute":
+        rotary = int(
+            config.get("rotary_embedding_dim") or head * float(config.get("rotary_pct", 1.0))
+        )
+    return shape.heads, shape.kv_heads, head, rotary
+
+
+def balance(ranges: torch.Tensor, config: dict[str, Any], *, v_channels: bool = True) -> KVBalance:
+    """The rewrite of one layer from the calibrated absmax of each qkv output row.
+
+    `v_channels=False` gives all of V one factor: for INT8 weight-only checkpoints, whose dense
+    weight is quantized per output row after the rewrite, where factors per input column would
+    change its rounding (measured: +0.07 point teacher-forced, docs/benchmarks.md)."""
+    heads, kv_heads, head, rotary = shape_of(config)
+    q_dim, kv_dim = heads * head, kv_heads * head
+    if ranges.numel() != q_dim + 2 * kv_dim:
+        raise ConversionError(
+            f"the calibration has {ranges.numel()} qkv output channels, the config implies "
+            f"{q_dim + 2 * kv_dim}: recalibrate this model (trt-builder calibrate --force)"
+        )
+    ranges = ranges.float()
+    a_q = ranges[:q_dim].view(heads, head)
+    a_k = ranges[q_dim : q_dim + kv_dim].view(kv_heads, head).clone()
+    a_v = ranges[q_dim + kv_dim :].view(kv_heads, head)
+    half = rotary // 2
+    if half:  # a RoPE pair (d, d + rotary/2) takes one factor
+        pair = torch.maximum(a_k[:, :half], a_k[:, half:rotary])
+        a_k[:, :half], a_k[:, half:rotary] = pair, pair
+    target = torch.maximum(a_k.amax(), a_v.amax()).clamp(min=1e-6)
+    r_k = target / a_k.clamp(min=float(target) / FLOOR)
+    r_v = target / a_v.clamp(min=float(target) / FLOOR)
+    if not v_channels:
+        r_v = torch.full_like(a_v, float(target / a_v.amax().clamp(min=float(target) / FLOOR)))
+    group = heads // kv_heads  # query head h reads KV head h // group
+    r_q = (1.0 / r_k).repeat_interleave(group, dim=0)
+    rows = torch.cat([r_q.reshape(-1), r_k.reshape(-1), r_v.reshape(-1)])
+    rewritten = torch.cat(
+        [(a_q * r_q).reshape(-1), (a_k * r_k).reshape(-1), (a_v * r_v).reshape(-1)]
+    )
+    return KVBalance(
+        qkv_rows=rows,
+        dense_in=r_v.repeat_interleave(group, dim=0).reshape(-1),
+        qkv_range=rewritten.amax(),
+        scale=(target / 127.0).reshape(1),
+    )
+
+
+def qkv_ranges(stats: dict[str, torch.Tensor], sources: tuple[str, ...]) -> torch.Tensor:
+    """The calibrated absmax of each output row of a fused qkv from its HF sources."""
+    try:
+        return torch.cat([stats[f"{s.removesuffix('.weight')}.output_absmax"] for s in sources])
+    except KeyError as exc:
+        raise ConversionError(
+            f"the calibration has no statistics for {exc.args[0]}: recalibrate this model "
+            "(trt-builder calibrate --force)"
+        ) from None
+
+
+def refuse_unsupported(config: dict[str, Any], family: Family) -> None:
+    """The INT8 KV cache needs ranges of what the cache holds: refuse the families whose
+    registry entry says it does not apply (q/k norms after the projections)."""
+    if not family.int8_kv_cache:
+        raise ConversionError(
+            f"--kv-cache int8 is not supported for {config['architecture']} (q/k norms after "
+            "the projections) yet: drop --kv-cache int8"
+        )

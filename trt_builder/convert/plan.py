@@ -1,0 +1,121 @@
+"""The conversion plan: everything checked from the config and the safetensors headers before any output exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.mapping import check_mapping
+from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..core.dtypes import FLOATS
+from ..core.errors import ConversionError, InputError
+from ..models.family import Family, TensorRule
+from ..models.registry import family_for
+from ..source.files import read_hf_config
+from ..spec.modes import QuantMode
+
+
+def resolve_dtype(dtype: str, hf_config: dict[str, Any]) -> str:
+    """`auto` is the checkpoint's own dtype, with float32 sources written as float16."""
+    if dtype != "auto":
+        return dtype
+    text = hf_config.get("text_config") or {}
+    source = (
+        hf_config.get("dtype") or hf_config.get("torch_dtype") or text.get("dtype") or "float16"
+    )
+    return "float16" if source == "float32" or source not in FLOATS else str(source)
+
+
+def trtllm_config(
+    family: Family, hf_config: dict[str, Any], mode: QuantMode, *, tp: int = 1, pp: int = 1
+) -> dict[str, Any]:
+    config = family.config(hf_config)
+    config.update(
+        dtype=resolve_dtype(mode.dtype, hf_config),
+        logits_dtype="float32",
+        mapping={
+            "world_size": tp * pp,
+            "tp_size": tp,
+            "pp_size": pp,
+            "cp_size": 1,
+            "gpus_per_node": 8,
+        },
+        quantization={
+            "quant_algo": mode.quant_algo,
+            "kv_cache_quant_algo": None,
+            # null keeps TensorRT-LLM's default exclusions (lm_head, vocab_embedding, ...); a list
+            # without vocab_embedding would turn the embedding into an INT8 layer the file cannot fill.
+            "exclude_modules": None,
+        },
+    )
+    return config
+
+
+def weight_files(hf_dir: Path) -> list[Path]:
+    """The checkpoint's weight files: those its index names, else every *.safetensors (so a
+    repo that also ships another format's file, e.g. Mistral's consolidated.safetensors, works)."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise InputError(
+                f"{index.name} is not a valid weight index ({exc}): re-fetch the model"
+            ) from None
+        missing = [name for name in listed if not (hf_dir / name).is_file()]
+        if missing:
+            raise InputError(
+                f"{missing[0]}, listed in {index.name}, is missing: re-fetch the model with --force"
+            )
+        return [hf_dir / name for name in listed]
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(
+            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
+        )
+    return files
+
+
+def plan_conversion(
+    hf_dir: Path, mode: QuantMode, *, tp: int = 1, pp: int = 1
+) -> tuple[Family, dict[str, Any], list[TensorRule], SafetensorsIndex, list[str]]:
+    """Check everything that can be checked without reading weights: architecture, tp/pp,
+    every expected tensor present with the shape the config implies, nothing left over.
+    Also returns the notes to tell the user (the family's, and its advice for this config)."""
+    hf_config = read_hf_config(hf_dir)
+    family = family_for(hf_config)
+    index = SafetensorsIndex(weight_files(hf_dir))
+    names = set(index.names())
+    try:
+        config = trtllm_config(family, hf_config, mode, tp=tp, pp=pp)
+        rules = list(family.tensors(hf_config, names))
+    except KeyError as exc:
+        raise ConversionError(
+            f"config.json lacks {exc} (needed by the {family.name} family): fix the config"
+        ) from None
+    check_mapping(config, tp, pp)
+    consumed: set[str] = set()
+    for rule in rules:
+        for source, expected in zip(rule.sources, rule.expected(), strict=True):
+            if source not in index:
+                raise ConversionError(
+                    f"tensor {source} is missing from the HF checkpoint (needed for {rule.name})"
+                )
+            shape = index.entries[source].shape
+            shape = tuple(reversed(shape)) if rule.transpose else shape
+            if shape != expected:
+                raise ConversionError(
+                    f"{rule.name} ({source}) has shape {shape}, the config implies {expected}: "
+                    "the weights do not match config.json"
+                )
+        consumed.update(rule.sources)
+    if config.get("tie_word_embeddings"):
+        consumed.add("lm_head.weight")  # some repos store the tied copy too
+    leftover = sorted(n for n in names - consumed if not family.is_ignored(n))
+    if leftover:
+        raise ConversionError(
+            f"{len(leftover)} HF tensor(s) are not mapped by the {family.name} family, e.g. {leftover[0]}: "
+            "the checkpoint has parts this converter does not know"
+        )
+    return family, config, rules, index, [*family.notes, *family.advice(hf_config)]

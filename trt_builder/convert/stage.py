@@ -1,0 +1,41 @@
+"""convert: HF directory -> TensorRT-LLM checkpoint for this variant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..core.stage import BuildContext
+
+
+class ConvertStage:
+    name: ClassVar[str] = "convert"
+    version: ClassVar[int] = 1
+    tools: ClassVar[tuple[str, ...]] = ("torch", "safetensors")
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.checkpoint
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        hf = ctx.layout.hf  # config and weights only: a tokenizer change does not reconvert
+        inputs = {
+            "hf/config.json": hf / "config.json",
+            **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))},
+        }
+        if ctx.spec.mode.needs_calibration:
+            inputs["calibration"] = self._calibration(ctx) / "calibration.safetensors"
+        return inputs
+
+    def _calibration(self, ctx: BuildContext) -> Path:
+        return ctx.layout.calibration(ctx.spec.calibrate.slug())
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        from .model import convert_model  # torch: only when it runs
+
+        mode = ctx.spec.mode
+        calibration = self._calibration(ctx) if mode.needs_calibration else None
+        return convert_model(mode, ctx.layout.hf, work, tp=ctx.spec.tp, pp=ctx.spec.pp,
+                             calibration=calibration)  # fmt: skip

@@ -1,0 +1,83 @@
+"""What a family is: the facts trt-builder needs about one HF architecture family, and the table
+(`REGISTRY`) its module registers it in, under the HF `architectures` names it covers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    """One output tensor (full model, TP=1): its TensorRT-LLM name, the HF tensors it is made of
+    (several are concatenated on dim 0, as q, k and v into qkv), and its shape. `transpose`
+    marks HF Conv1D weights, stored [in, out]."""
+
+    name: str
+    sources: tuple[str, ...]
+    shape: tuple[int, ...]
+    transpose: bool = False
+    source_shapes: tuple[tuple[int, ...], ...] = ()  # each source's shape, for several sources
+
+    def expected(self) -> tuple[tuple[int, ...], ...]:
+        """The shape each source must have (after the Conv1D transpose)."""
+        if len(self.sources) > 1 and len(self.source_shapes) != len(self.sources):
+            raise ValueError(f"{self.name}: a rule with several sources needs one shape per source")
+        return self.source_shapes or (self.shape,)
+
+
+def _no_advice(cfg: dict[str, Any]) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF architecture family maps onto a TensorRT-LLM checkpoint, and what the rest of
+    trt-builder needs to know about it. Every fact is here: nothing else names an architecture.
+
+    - `config`, `tensors`: the conversion (HF config -> TensorRT-LLM config fields; the
+      TensorRules of an HF config and its tensor names); `ignored`: HF tensors that are
+      expected and unused (name prefixes or suffixes).
+    - `gated_mlp`: SwiGLU (fc, gate and proj) rather than fc -> activation -> proj (the memory
+      plan counts the linears from it).
+    - `qk_norm`: RMSNorm on q and k after the projections (Qwen3).
+    - `smoothquant`: TensorRT-LLM's SmoothQuant plugin formats build for the family.
+    - `int8_kv_cache`: the INT8 KV cache's calibrated balancing applies (its ranges are taken
+      at the projections' outputs, so not with q/k norms after them).
+    - `min_release`: the oldest TensorRT-LLM release whose TensorRT backend builds it.
+    - `decoder_layer`: a regex that matches the transformers module path of one decoder layer
+      (calibration hooks the linears under it); `vision_tower`: module-path prefixes of a vision
+      tower, which is neither converted nor calibrated.
+    - `notes`: said to the user on every conversion; `advice`: notes that depend on the config.
+    """
+
+    name: str
+    config: Callable[[dict[str, Any]], dict[str, Any]]
+    tensors: Callable[[dict[str, Any], set[str]], Iterator[TensorRule]]
+    ignored: tuple[str, ...] = ()
+    gated_mlp: bool = True
+    qk_norm: bool = False
+    smoothquant: bool = True
+    int8_kv_cache: bool = True
+    min_release: str | None = None
+    decoder_layer: str = r"(^|\.)layers\.\d+\."
+    vision_tower: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+    advice: Callable[[dict[str, Any]], list[str]] = _no_advice
+
+    def is_ignored(self, name: str) -> bool:
+        return any(name.startswith(p) or name.endswith(p) for p in self.ignored)
+
+
+#: HF architecture name -> its family; each family module fills it in when imported.
+REGISTRY: dict[str, Family] = {}
+
+
+def register(*architectures: str) -> Callable[[Family], Family]:
+    def add(family: Family) -> Family:
+        for arch in architectures:
+            REGISTRY[arch] = family
+        return family
+
+    return add

@@ -1,0 +1,44 @@
+"""Looking a family up: every module of this package except the framework ones is a family
+module, loaded by name, so adding a family is adding one module (docs/adding-a-model.md)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import UnsupportedModelError
+from .family import REGISTRY, Family
+
+#: This package's modules that are not families.
+FRAMEWORK = ("family", "registry", "shape")
+
+
+@cache
+def load_all() -> dict[str, Family]:
+    """Import every family module (each registers itself); the registry by architecture."""
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name not in FRAMEWORK:
+            importlib.import_module(f"{__package__}.{info.name}")
+    return REGISTRY
+
+
+def family_of_checkpoint(config: dict[str, Any]) -> Family:
+    """The family of a TensorRT-LLM checkpoint config (its `architecture`, which every family
+    writes under one of its registered names)."""
+    return family_for({"architectures": [config.get("architecture")]})
+
+
+def family_for(hf_config: dict[str, Any]) -> Family:
+    """The family of an HF config, or an error listing what is supported."""
+    load_all()
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
+        if arch in REGISTRY:
+            return REGISTRY[arch]
+    raise UnsupportedModelError(
+        f"architecture {', '.join(archs) or '(none in config.json)'} is not supported: "
+        f"supported are {', '.join(sorted(REGISTRY))}"
+    )

@@ -1,1 +1,0 @@
-"""Runtimes that execute a converted model for verify."""

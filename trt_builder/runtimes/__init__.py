@@ -1,0 +1,1 @@
+"""What executes a model for comparison: the checkpoint runtime (TensorRT-LLM's arithmetic in torch), generation helpers shared with the engine and Triton runtimes, and scoring logits against a reference."""

@@ -1,0 +1,337 @@
+"""A torch runtime that executes a TensorRT-LLM checkpoint with TensorRT-LLM's semantics.
+
+It reads config.json and the rank{N}.safetensors files as the engine builder would (TensorRT-LLM
+names, fc/gate order, fused QKV, W8A16 per-channel INT8 rounding, rotary_base / rotary_scaling,
+TP/PP ranks merged back) and computes in float32 while rounding every activation the engine
+stores to the checkpoint dtype, so float16 overflow and rounding show up here as on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint.reader import read_checkpoint
+from ..core.dtypes import torch_dtype
+from ..core.errors import InputError
+from ..models.shape import AttentionShape
+
+
+def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Rotary inverse frequencies, with linear or llama3 scaling applied."""
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    kind = (scaling or {}).get("type") or (scaling or {}).get("rope_type")
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])  # type: ignore[index]
+    elif kind == "llama3":
+        assert scaling is not None
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        medium = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv = torch.where(medium, smoothed, inv)
+    elif kind not in (None, "default"):
+        raise InputError(f"rotary_scaling type {kind!r} is not supported by the checkpoint runtime")
+    return inv.float()
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")  # TensorRT-LLM's gelu is the tanh form
+
+
+_ACTIVATIONS: dict[str, Any] = {
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "gelu": _gelu_tanh,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "relu": F.relu,
+}
+
+#: Linears trtllm-build quantizes for W8A16 (TensorRT-LLM's weight_only_quantize_dict).
+WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
+
+
+def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What the W8A16 engine multiplies by: per-output-channel INT8, scale = amax/128 in `dtype`."""
+    w = weight.float()
+    scale = (
+        (w.abs().amax(dim=1, keepdim=True) / 128.0)
+        .to(dtype)
+        .float()
+        .clamp(min=torch.finfo(dtype).tiny)
+    )
+    return torch.clamp(torch.round(w / scale), -128, 127) * scale
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys and values, [batch, kv_heads, tokens, head_size], in the checkpoint dtype
+    grid; `pad` is each sequence's count of left padding."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    pad: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+
+class CheckpointRuntime:
+    """Executes a TensorRT-LLM checkpoint of any registered family; TP/PP ranks are merged first.
+
+    What a layer does is read from the checkpoint, as the engine builder reads it: LayerNorm
+    where the norms have biases (GPT-2) else RMSNorm; a gated MLP where `mlp.gate` exists
+    (SwiGLU) else fc -> activation -> proj; q/k RMSNorm where `q_layernorm` exists (Qwen3);
+    learned positions or rope from `position_embedding_type`; biases wherever they are stored.
+    """
+
+    def __init__(
+        self, config: dict[str, Any], weights: dict[str, torch.Tensor], device: str = "cpu"
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = torch_dtype(config["dtype"])
+        quant = config.get("quantization") or {}
+        self.quant_algo = quant.get("quant_algo")
+        self.smoothquant = str(self.quant_algo or "").startswith("W8A8_SQ_")
+        self.per_token = "PER_TOKEN" in str(self.quant_algo or "")
+        self.kv_int8 = quant.get("kv_cache_quant_algo") == "INT8"
+        self.w = {k: v.to(device) for k, v in weights.items()}
+        attention = AttentionShape.of(config)
+        self.heads, self.kv_heads, self.head = (
+            attention.heads,
+            attention.kv_heads,
+            attention.head_size,
+        )
+        self.layers = config["num_hidden_layers"]
+        self.eps = float(config.get("norm_epsilon", 1e-5))
+        self.learned_positions = config.get("position_embedding_type") == "learned_absolute"
+        self.act = _ACTIVATIONS.get(config.get("hidden_act", "silu"))
+        if self.act is None:
+            raise InputError(
+                f"hidden_act {config.get('hidden_act')!r} is not supported by the checkpoint runtime"
+            )
+        self.gated = "transformer.layers.0.mlp.gate.weight" in self.w
+        self.qk_norm = "transformer.layers.0.attention.q_layernorm.weight" in self.w
+        rot_dim = int(
+            config.get("rotary_embedding_dim") or self.head * float(config.get("rotary_pct", 1.0))
+        )
+        self.inv_freq = rope_inv_freq(
+            rot_dim, float(config.get("rotary_base") or 10000.0), config.get("rotary_scaling")
+        ).to(device)
+        self._dense = {name: self._dequantize(name) for name in self.w}
+
+    @classmethod
+    def load(cls, checkpoint: Path, device: str = "cpu") -> CheckpointRuntime:
+        config, weights = read_checkpoint(checkpoint)
+        return cls(config, weights, device)
+
+    # -- numerics ---------------------------------------------------------------------------
+    def _dequantize(self, name: str) -> torch.Tensor:
+        """A weight as float32, INT8-rounded where the engine quantizes it."""
+        w = self.w[name]
+        if w.dtype == torch.int8 and self.smoothquant:
+            return w.float()  # exact integers; the scales are applied around the GEMM
+        if w.dtype == torch.int8:
+            raise InputError(
+                f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"
+            )
+        if self.quant_algo == "W8A16" and name.endswith(WEIGHT_ONLY_LINEARS):
+            return weight_only_int8(w, self.dtype)
+        return w.float()
+
+    def _round(self, x: torch.Tensor) -> torch.Tensor:
+        """Store x as the engine would (checkpoint dtype), keep computing in float32."""
+        return x if self.dtype == torch.float32 else x.to(self.dtype).float()
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if self.smoothquant and self.w[name + ".weight"].dtype == torch.int8:
+            return self._sq_linear(x, name)
+        y = x @ self._dense[name + ".weight"].T
+        bias = self._dense.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
+
+    def _sq_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The SmoothQuant plugin GEMM: int8 activations (per token, or one static scale) times
+        int8 weights, int32 accumulation, then per-channel and activation scales."""
+        layer, sep, linear = name.rpartition(".attention.")
+        if not sep:
+            layer, sep, linear = name.rpartition(".mlp.")
+        d = self._dense
+        if linear in ("dense", "proj"):  # the smoother is divided out of the activation
+            x = self._round(x / self._round(d[f"{name}.smoother"]))
+            block = "attention" if linear == "dense" else "mlp"
+            static = d.get(f"{layer}.{block}.quantization_scaling_factor")
+        else:
+            norm = "input_layernorm" if linear == "qkv" else "post_layernorm"
+            static = d.get(f"{layer}.{norm}.scale_to_int")
+        if self.per_token:
+            m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-6)
+            q = torch.round(x * (127.0 / m)).clamp(-128, 127)
+            row_scale = m / 127.0
+        else:
+            assert static is not None
+            q = torch.round(x * static).clamp(-128, 127)
+            row_scale = d[f"{name}.act_scale"].reshape(())
+        acc = q @ d[f"{name}.weight"].T  # integers, exact in float32 below 2^24
+        y = acc * d[f"{name}.per_channel_scale"].reshape(-1) * row_scale
+        bias = d.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        weight, bias = self._dense[name + ".weight"], self._dense.get(name + ".bias")
+        if bias is not None:  # LayerNorm
+            return self._round(F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps))
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self._round(x * torch.rsqrt(var + self.eps) * weight)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [batch, heads, tokens, head], positions [batch, tokens]."""
+        angles = positions.float()[..., None] * self.inv_freq  # [batch, tokens, rot / 2]
+        emb = torch.cat((angles, angles), dim=-1)[:, None]
+        rot = emb.shape[-1]
+        xr, xp = x[..., :rot], x[..., rot:]
+        out = xr * emb.cos() + _rotate_half(xr) * emb.sin()
+        return torch.cat((out, xp), dim=-1)
+
+    def _attention(
+        self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
+        p = f"transformer.layers.{i}.attention"
+        qkv = self._linear(h, f"{p}.qkv")
+        b, t = h.shape[:2]
+        q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
+        q = qkv[..., :q_dim].reshape(b, t, self.heads, self.head).transpose(1, 2)
+        k = qkv[..., q_dim : q_dim + kv_dim].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
+        v = qkv[..., q_dim + kv_dim :].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self._norm(q, f"{p}.q_layernorm"), self._norm(k, f"{p}.k_layernorm")
+        if not self.learned_positions:
+            q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        # The INT8 KV cache holds round(k / s) and reads back int8 * s; the tokens of this step
+        # attend to their own K/V unquantized, as the engine does.
+        stored_k, stored_v = self._kv_store(i, k), self._kv_store(i, v)
+        if len(cache.keys) > i:
+            past_k, past_v = cache.keys[i], cache.values[i]
+            cache.keys[i] = torch.cat((past_k, stored_k), dim=2)
+            cache.values[i] = torch.cat((past_v, stored_v), dim=2)
+            k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
+        else:
+            cache.keys.append(stored_k)
+            cache.values.append(stored_v)
+        attn = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self._mask(cache, t, k.shape[2]), enable_gqa=True
+        )
+        attn = self._round(attn.transpose(1, 2).reshape(b, t, q_dim))
+        return self._linear(attn, f"{p}.dense")
+
+    def _kv_store(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if not self.kv_int8:
+            return x
+        scale = self._dense[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"].reshape(())
+        return self._round(torch.round(x / scale).clamp(-128, 127) * scale)
+
+    def _mask(self, cache: KVCache, t: int, total: int) -> torch.Tensor:
+        """[batch, 1, t, total]: causal, left padding hidden (a padding query sees itself, so
+        its row is never empty; its output is ignored)."""
+        past = total - t
+        causal = torch.ones(t, total, dtype=torch.bool, device=self.device).tril(diagonal=past)
+        if cache.pad is None or not bool(cache.pad.any()):
+            return causal[None, None]
+        keys = torch.arange(total, device=self.device)
+        visible = causal[None] & (keys[None, None, :] >= cache.pad[:, None, None])
+        own = keys[None, None, :] == torch.arange(past, total, device=self.device)[None, :, None]
+        return (visible | own)[:, None]
+
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        p = f"transformer.layers.{i}.mlp"
+        act = self.act(self._linear(h, f"{p}.fc"))  # type: ignore[misc]
+        if self.gated:
+            act = act * self._linear(h, f"{p}.gate")
+        return self._linear(self._round(act), f"{p}.proj")
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        pad: torch.Tensor | None = None,
+        hidden: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits (float32) for `ids` appended after what `cache` holds: [tokens, vocab] for
+        one sequence of [tokens], [batch, tokens, vocab] for a batch. A batch is left-padded:
+        `pad` (on the first call) gives each sequence's count of padding tokens. `hidden`, if
+        given, receives the residual stream after each layer, then the final norm's output."""
+        cache = cache if cache is not None else KVCache()
+        single = ids.dim() == 1
+        ids = (ids[None] if single else ids).to(self.device)
+        if cache.pad is None:
+            cache.pad = (
+                torch.zeros(ids.shape[0], dtype=torch.long) if pad is None else pad.long()
+            ).to(self.device)
+        steps = torch.arange(cache.length, cache.length + ids.shape[1], device=self.device)
+        positions = (steps[None] - cache.pad[:, None]).clamp(min=0)
+        x = self._dense["transformer.vocab_embedding.weight"][ids]
+        if self.learned_positions:
+            x = x + self._dense["transformer.position_embedding.weight"][positions]
+        x = self._round(x)
+        for i in range(self.layers):
+            lp = f"transformer.layers.{i}"
+            x = self._round(
+                x + self._attention(i, self._norm(x, f"{lp}.input_layernorm"), cache, positions)
+            )
+            x = self._round(x + self._mlp(i, self._norm(x, f"{lp}.post_layernorm")))
+            if hidden is not None:
+                hidden.append(x[0] if single else x)
+        x = self._norm(x, "transformer.ln_f")
+        if hidden is not None:
+            hidden.append(x[0] if single else x)
+        logits = (x @ self._dense["lm_head.weight"].T).float()
+        return logits[0] if single else logits
+
+    @torch.inference_mode()
+    def greedy(self, ids: list[int], max_new_tokens: int, end_ids: set[int]) -> list[int]:
+        """Greedy continuation of one prompt with a KV cache; stops after an end id."""
+        return self.greedy_batch([ids], max_new_tokens, end_ids)[0]
+
+    @torch.inference_mode()
+    def greedy_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, end_ids: set[int], pad_id: int = 0
+    ) -> list[list[int]]:
+        """Greedy continuations of a batch of prompts (left-padded, one KV cache); each stops
+        after its first end id."""
+        width = max(len(p) for p in prompts)
+        pad = torch.tensor([width - len(p) for p in prompts])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+        cache = KVCache()
+        logits = self.forward(ids, cache, pad=pad)[:, -1]
+        out: list[list[int]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        for _ in range(max_new_tokens):
+            tokens = logits.argmax(-1).tolist()
+            for row, token in enumerate(tokens):
+                if not done[row]:
+                    out[row].append(token)
+                    done[row] = token in end_ids
+            if all(done):
+                break
+            step = torch.tensor([[t] for t in tokens])
+            logits = self.forward(step, cache)[:, -1]
+        return out

@@ -1,0 +1,173 @@
+"""Fetch: bring a model into a plain HF safetensors directory (config, weights, tokenizer)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InputError
+from .files import (
+    KEEP_PATTERNS,
+    PICKLE_PATTERNS,
+    check_model_dir,
+    check_weight_files,
+    matches,
+    model_files,
+)
+from .hub import hub_offline, network_errors
+from .resolve import ModelSource
+
+
+def pickles_to_safetensors(work: Path) -> list[str]:
+    """Rewrite allowed pickle weight files as safetensors (weights_only loading, no code runs)."""
+    import torch
+    from safetensors.torch import save_file
+
+    converted = []
+    for i, path in enumerate(sorted(p for p in work.iterdir() if matches(p.name, PICKLE_PATTERNS))):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise InputError(
+                f"{path.name} could not be loaded as plain weights ({exc}): it is not a weights-only pickle"
+            ) from None
+        state = {k: v.detach().clone().contiguous() for k, v in state.items()}
+        save_file(state, str(work / f"model-pickle-{i:05d}.safetensors"), metadata={"format": "pt"})
+        path.unlink()
+        converted.append(path.name)
+    return converted
+
+
+def fetch_local(src: Path, work: Path, allow_pickle: bool) -> dict[str, Any]:
+    names = [p.name for p in model_files(src)]
+    check_weight_files(names, str(src), allow_pickle)
+    if "config.json" not in names:
+        raise InputError(f"{src} has no config.json: pass a Hugging Face model directory")
+    patterns = KEEP_PATTERNS + (PICKLE_PATTERNS if allow_pickle else ())
+    kept = [n for n in names if matches(n, patterns)]
+    for name in kept:
+        # A copy, not a hard link: rewriting the user's file in place must not change hf/.
+        shutil.copy2(src / name, work / name)
+    check_model_dir(work)
+    converted = pickles_to_safetensors(work) if allow_pickle else []
+    return {"files": kept, "converted_pickles": converted}
+
+
+def fetch_hub(
+    repo_id: str, sha: str, work: Path, allow_pickle: bool, offline: bool | None = None
+) -> dict[str, Any]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        if hub_offline(offline):
+            listing = Path(snapshot_download(repo_id, revision=sha, local_files_only=True))
+            names = sorted(p.name for p in listing.iterdir())
+        else:
+            from huggingface_hub import HfApi
+
+            names = sorted(
+                s.rfilename
+                for s in HfApi().model_info(repo_id, revision=sha, files_metadata=False).siblings
+                or []
+            )
+        check_weight_files(
+            [n for n in names if "/" not in n], f"{repo_id}@{sha[:12]}", allow_pickle
+        )
+        patterns = KEEP_PATTERNS + (PICKLE_PATTERNS if allow_pickle else ())
+        snap = Path(
+            snapshot_download(
+                repo_id,
+                revision=sha,
+                allow_patterns=list(patterns),
+                local_files_only=hub_offline(offline),
+            )
+        )
+    except LocalEntryNotFoundError:
+        raise InputError(
+            f"{repo_id}@{sha[:12]} is not complete in the local HF cache: fetch it once online"
+        ) from None
+    except network_errors() as exc:
+        raise InputError(
+            f"download of {repo_id} failed: {exc}; retry, or set HF_HUB_OFFLINE=1 to use the cache"
+        ) from None
+    kept = sorted(p.name for p in snap.iterdir() if p.is_file() and matches(p.name, patterns))
+    for name in kept:
+        shutil.copyfile((snap / name).resolve(), work / name)  # snapshot entries link to blobs
+    check_model_dir(work)
+    converted = pickles_to_safetensors(work) if allow_pickle else []
+    return {"files": kept, "converted_pickles": converted, "commit": sha}
+
+
+def _plain_config(config: Any, architecture: str) -> dict[str, Any]:
+    """The config.json fetch writes for a GGUF model: transformers' config, less the GGUF
+    quantization and the file's own path, with its architecture named."""
+    cfg = dict(config.to_dict())
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "name_or_path"):
+        cfg.pop(key, None)
+    cfg["architectures"] = [architecture]
+    return cfg
+
+
+def gguf_config(path: Path) -> dict[str, Any]:
+    """A GGUF model's config.json as fetch writes it, from the file's metadata alone (no
+    tensor is dequantized): for the memory plan before fetch."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except (ValueError, OSError, KeyError) as exc:
+        raise InputError(f"{path.name} could not be read as a GGUF model ({exc})") from None
+    return _plain_config(config, str(getattr(model_class, "__name__", "")))
+
+
+def fetch_gguf(path: Path, work: Path) -> dict[str, Any]:
+    """Dequantize a GGUF file into float32 safetensors with its tokenizer (via transformers)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        # transformers' GGUF reader draws its own tqdm bar; keep it off the user's terminal.
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32
+            )
+    except (ValueError, OSError, KeyError) as exc:
+        raise InputError(f"{path.name} could not be read as a GGUF model ({exc})") from None
+    config = model.config
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    state = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
+    save_file(state, str(work / "model.safetensors"), metadata={"format": "pt"})
+    cfg = _plain_config(config, type(model).__name__)
+    (work / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    model.generation_config.save_pretrained(work)
+    tokenizer.save_pretrained(work)
+    return {"gguf": path.name, "architecture": type(model).__name__, "tensors": len(state)}
+
+
+def fetch_model(
+    source: ModelSource, work: Path, *, allow_pickle: bool = False, offline: bool | None = None
+) -> dict[str, Any]:
+    """Write the model named by `source` into `work` as an HF safetensors checkpoint."""
+    if source.kind == "gguf":
+        details = fetch_gguf(Path(source.ref), work)
+    elif source.kind == "local":
+        details = fetch_local(Path(source.ref), work, allow_pickle)
+    else:
+        details = fetch_hub(source.ref, source.revision, work, allow_pickle, offline)
+    (work / "source.json").write_text(json.dumps(source.to_json(), indent=2, sort_keys=True) + "\n")
+    return {"source": source.to_json(), **details}

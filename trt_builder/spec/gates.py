@@ -1,0 +1,76 @@
+"""Verify gates and the fixed prompt set (light: no torch import, so cached reruns stay fast)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Pass criteria against the reference: teacher-forced top-1 agreement and mean
+    KL(reference || candidate) on the prompt set, the held-out perplexity increase (percent),
+    and optionally greedy agreement."""
+
+    min_top1: float
+    max_kl: float
+    max_ppl_delta_pct: float | None = None
+    min_greedy: float | None = None
+
+
+#: Default gates per mode, against a float32 transformers reference. Measured on
+#: SmolLM2-135M-Instruct (docs/benchmarks.md) with headroom for other models.
+DEFAULT_GATES: dict[str, Gate] = {
+    "float32": Gate(min_top1=0.999, max_kl=1e-4, max_ppl_delta_pct=0.01),
+    "float16": Gate(min_top1=0.99, max_kl=1e-3, max_ppl_delta_pct=0.1),
+    "bfloat16": Gate(min_top1=0.95, max_kl=1e-2, max_ppl_delta_pct=1.0),
+    "int8-wo": Gate(min_top1=0.95, max_kl=2e-2, max_ppl_delta_pct=2.0),
+    # SmoothQuant W8A8 (any granularity, with or without the INT8 KV cache)
+    "int8": Gate(min_top1=0.85, max_kl=6e-2, max_ppl_delta_pct=3.0),
+}
+
+
+def gate_key(mode: str) -> str:
+    """The DEFAULT_GATES key of a mode name (int8-sq, int8-sq-static-kv8, ... share int8's)."""
+    return "int8" if mode.startswith("int8-sq") else mode
+
+
+def gate_for(
+    mode: str,
+    *,
+    min_top1: float | None = None,
+    max_kl: float | None = None,
+    max_ppl_delta_pct: float | None = None,
+    min_greedy: float | None = None,
+) -> Gate:
+    """The default gate of a mode, with the spec's overrides (None keeps the default)."""
+    default = DEFAULT_GATES[gate_key(mode)]
+    return Gate(
+        min_top1=default.min_top1 if min_top1 is None else min_top1,
+        max_kl=default.max_kl if max_kl is None else max_kl,
+        max_ppl_delta_pct=default.max_ppl_delta_pct
+        if max_ppl_delta_pct is None
+        else max_ppl_delta_pct,
+        min_greedy=default.min_greedy if min_greedy is None else min_greedy,
+    )
+
+
+def checkpoint_mode(checkpoint: Path) -> str:
+    """The mode name (a DEFAULT_GATES key) of a TensorRT-LLM checkpoint directory."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        raise InputError(
+            f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
+        ) from None
+    algo = (config.get("quantization") or {}).get("quant_algo")
+    if algo == "W8A16":
+        return "int8-wo"
+    if str(algo).startswith("W8A8_SQ_"):
+        return "int8"
+    if algo is None and config.get("dtype") in DEFAULT_GATES:
+        return str(config["dtype"])
+    raise InputError(f"no verify gate for a {config.get('dtype')} / {algo} checkpoint yet")

@@ -1,1 +1,0 @@
-"""The pipeline's stages: fetch -> convert -> verify -> engine -> package."""

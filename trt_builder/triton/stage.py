@@ -1,0 +1,54 @@
+"""package: the Triton model repository, validated against Triton's ModelConfig schema and
+published as a new version (what it ships: package.py)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..core.stage import BuildContext
+from .package import repository_options, shipped_engine, tokenizer_files
+from .repository import next_version, publish, write_repository
+
+
+class PackageStage:
+    name: ClassVar[str] = "package"
+    version: ClassVar[int] = 2
+    tools: ClassVar[tuple[str, ...]] = ("tritonclient", "transformers")
+    needs_verified_checkpoint: ClassVar[bool] = True
+
+    def output_dir(self, ctx: BuildContext) -> Path:
+        return ctx.layout.triton
+
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        found = {f"hf/{p.name}": p for p in tokenizer_files(ctx)}
+        found["checkpoint/config.json"] = ctx.layout.checkpoint / "config.json"
+        engine = shipped_engine(ctx)
+        if engine is not None:
+            found["engine"] = engine
+        return found
+
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        # Version 0 stands for whichever version is published next: not part of the key.
+        return {"options": asdict(repository_options(ctx, version=0))}
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        engine = shipped_engine(ctx)
+        version = next_version(ctx.layout.triton)
+        write_repository(work, repository_options(ctx, version), tokenizer_files(ctx), engine)
+        return {
+            "models": ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"],
+            "version": version,
+            "engine_included": engine is not None,
+            "note": None if engine else "no engine yet: build it on a GPU host, then rerun package",
+        }
+
+    def place(self, ctx: BuildContext, work: Path, link: Path) -> None:
+        """Publish `work` as the next version and switch the repository link to it, keeping
+        the newest [triton] keep versions."""
+        removed = publish(work, link, keep=ctx.spec.triton.keep)
+        if removed:
+            ctx.notices.append(
+                f"removed Triton repository version(s) {removed} (keep {ctx.spec.triton.keep})"
+            )
