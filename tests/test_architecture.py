@@ -128,3 +128,35 @@ def test_a_stage_key_changes_exactly_with_the_code_it_imports(
     finally:
         codegraph.graph.cache_clear()
     assert {stage for stage in STAGE_MODULES if before[stage] != after[stage]} == changes
+
+
+@pytest.mark.integration
+def test_the_pipelines_keys_follow_an_edit_to_an_indirectly_imported_module(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build, then the same build with the package read from an edited copy: the stages whose
+    code imports the edited module (convert through the recipe search, verify) would rerun;
+    fetch, which does not, stays cached."""
+    from trt_builder.pipeline import run
+    from trt_builder.spec.build import make_spec
+
+    spec = make_spec(model=str(tiny_llama), dtype="float32", out=tmp_path / "engines",
+                     triton_root=tmp_path / "triton", **{"verify.heldout_tokens": 128})  # fmt: skip
+    only = ("fetch", "convert", "verify")
+    assert [r.status for r in run(spec, only=only).records] == ["ran", "ran", "ran"]
+    assert [r.status for r in run(spec, only=only, dry_run=True).records] == ["cached"] * 3
+
+    copy = tmp_path / "copy" / "trt_builder"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    scoring = copy / "runtimes" / "scoring.py"
+    scoring.write_text(scoring.read_text() + "\n# edited\n")
+    monkeypatch.setattr(codegraph, "PACKAGE", copy)
+    try:
+        records = run(spec, only=only, dry_run=True).records
+    finally:
+        codegraph.graph.cache_clear()
+    assert [(r.name, r.status) for r in records] == [
+        ("fetch", "cached"),
+        ("convert", "would run"),
+        ("verify", "would run"),
+    ]

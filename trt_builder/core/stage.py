@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from .codegraph import code_digest
+from . import codegraph
 from .digests import DigestCache, sha256_json
 from .errors import OutputError
 from .fsio import atomic_dir, write_json
@@ -107,7 +107,7 @@ def stage_tools(stage: Stage) -> dict[str, str]:
     """The tool versions in a stage's key, and the digest of trt-builder's code it runs: its
     module and every trt-builder module that imports, directly or not (core/codegraph.py)."""
     tools = tool_versions(stage.tools)
-    tools["trt-builder code"] = code_digest(type(stage).__module__)
+    tools["trt-builder code"] = codegraph.code_digest(type(stage).__module__, codegraph.PACKAGE)
     return tools
 
 
