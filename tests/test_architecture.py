@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trt_builder.core import codegraph
-from trt_builder.core.codegraph import LAYERS, Graph, code_digest, graph, layer
+from trt_builder.core.codegraph import LAYERS, Graph, code_digest, graph, layer, parsed_graph
 
 PACKAGE = codegraph.PACKAGE
 STAGE_MODULES = {
@@ -44,7 +44,7 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    g = graph()
+    g = parsed_graph()
     assert len(g.paths) > 60 and len(g.imports) > 200  # the real package, read whole
     assert g.cycles() == []
 
@@ -57,10 +57,10 @@ def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path: 
         "core/b.py": "from .a import f\n\ng = f\n",
         "core/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
     })  # fmt: skip
-    cycles = graph(pkg).cycles()
+    cycles = parsed_graph(pkg).cycles()
     assert cycles == [["trt_builder.core.a", "trt_builder.core.b", "trt_builder.core.a"]]
     # an import for annotations only is not an edge
-    assert graph(pkg).targets("trt_builder.core.c") == []
+    assert parsed_graph(pkg).targets("trt_builder.core.c") == []
 
 
 def test_every_sub_package_has_its_place_in_the_declared_order() -> None:
@@ -69,7 +69,7 @@ def test_every_sub_package_has_its_place_in_the_declared_order() -> None:
 
 
 def test_no_sub_package_imports_one_above_it() -> None:
-    assert upward_imports(graph()) == []
+    assert upward_imports(parsed_graph()) == []
 
 
 def test_the_order_check_sees_an_upward_import(tmp_path: Path) -> None:
@@ -79,13 +79,15 @@ def test_the_order_check_sees_an_upward_import(tmp_path: Path) -> None:
         "cli/__init__.py": "",
         "cli/main.py": "from ..core.stage import f\n\ndef main():\n    return f\n",
     })  # fmt: skip
-    assert upward_imports(graph(pkg)) == ["trt_builder.core.stage -> trt_builder.cli.main (line 2)"]
+    assert upward_imports(parsed_graph(pkg)) == [
+        "trt_builder.core.stage -> trt_builder.cli.main (line 2)"
+    ]
 
 
 def test_modules_loaded_by_name_are_edges_of_the_module_that_loads_them() -> None:
     """The registry imports its family modules by name: they count as its imports (so the
     convert stage's key covers every family), and nothing else loads modules by name."""
-    g = graph()
+    g = parsed_graph()
     families = {"trt_builder.models.llama", "trt_builder.models.qwen", "trt_builder.models.gpt2"}
     assert families <= set(g.targets("trt_builder.models.registry"))
     assert families <= set(g.closure(STAGE_MODULES["convert"]))
@@ -160,3 +162,22 @@ def test_the_pipelines_keys_follow_an_edit_to_an_indirectly_imported_module(
         ("convert", "would run"),
         ("verify", "would run"),
     ]
+
+
+def test_the_memo_of_parsed_imports_is_the_parse(tmp_path: Path) -> None:
+    """The per-process graph reuses a module's parsed imports only while its source is as it
+    was: the memoized graph equals a fresh parse, before and after an edit that adds an import."""
+    root = tmp_path / "trt_builder"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        assert graph(root).imports == parsed_graph(root).imports  # writes the memo
+        codegraph.graph.cache_clear()
+        assert graph(root).imports == parsed_graph(root).imports  # reads it
+        layout = root / "core" / "layout.py"
+        layout.write_text(layout.read_text() + "\nfrom .errors import InputError  # noqa\n")
+        codegraph.graph.cache_clear()
+        again = graph(root)
+        assert again.imports == parsed_graph(root).imports
+        assert "trt_builder.core.errors" in again.targets("trt_builder.core.layout")
+    finally:
+        codegraph.graph.cache_clear()

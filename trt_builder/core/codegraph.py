@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 PACKAGE = Path(__file__).resolve().parents[1]
 TOP = PACKAGE.name  # "trt_builder"
@@ -194,13 +196,64 @@ class Graph:
         return found
 
 
-@cache
-def graph(root: Path = PACKAGE) -> Graph:
-    """The import graph of the package at `root` (read once per process)."""
+def parsed_graph(root: Path = PACKAGE) -> Graph:
+    """The import graph, every module parsed now (no memo): what the architecture tests walk."""
     paths = modules(root)
     known = set(paths)
     imports = tuple(i for name, path in paths.items() for i in parse_imports(name, path, known))
     return Graph(root, paths, imports)
+
+
+#: Each module's parsed imports, kept beside Python's own bytecode cache and trusted the way
+#: Python trusts a .pyc: while the source's size and mtime are those it was parsed at.
+_MEMO = "__pycache__/trt-builder-imports.json"
+
+
+def _memo(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / _MEMO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_memo(root: Path, memo: dict[str, Any]) -> None:
+    """Best effort: a read-only install parses every time instead."""
+    path = root / _MEMO
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        tmp.write_text(json.dumps(memo, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+@cache
+def graph(root: Path = PACKAGE) -> Graph:
+    """The import graph of the package at `root` (read once per process; a module is parsed
+    again only when its source changed)."""
+    paths = modules(root)
+    known = set(paths)
+    # which names are modules decides what an import resolves to: a new module reparses all
+    names = hashlib.sha256("\n".join(sorted(known)).encode()).hexdigest()
+    memo = _memo(root)
+    parsed = memo.get("modules", {}) if memo.get("known") == names else {}
+    fresh: dict[str, Any] = {}
+    imports: list[Import] = []
+    for name, path in paths.items():
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns]
+        hit = parsed.get(name)
+        if isinstance(hit, dict) and hit.get("stamp") == stamp:
+            found = [Import(name, target, line, top) for target, line, top in hit["imports"]]
+        else:
+            found = parse_imports(name, path, known)
+        fresh[name] = {"stamp": stamp, "imports": [[i.target, i.line, i.top_level] for i in found]}
+        imports += found
+    if fresh != parsed:
+        _save_memo(root, {"known": names, "modules": fresh})
+    return Graph(root, paths, tuple(imports))
 
 
 def layer(module: str) -> str:
