@@ -1,4 +1,4 @@
-"""The memory plan (trt_builder/memplan.py, docs/engine.md): worked examples checked by hand,
+"""The memory plan (trt_builder/engine/memplan.py, docs/engine.md): worked examples checked by hand,
 refusals that name what would fit, and `trt-builder plan`."""
 
 from __future__ import annotations
@@ -153,11 +153,12 @@ LLAMA2_7B_CONFIG_JSON = {
 }  # fmt: skip
 
 
-def test_plan_reads_a_directory_holding_only_config_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_plan_reads_config_json_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No weights, no tokenizer: the plan needs the config alone, and writes nothing."""
     from trt_builder.cli.main import main
+    from trt_builder.core.digests import DigestCache
 
     model = tmp_path / "llama-2-7b"
     model.mkdir()
@@ -167,6 +168,13 @@ def test_plan_reads_a_directory_holding_only_config_json(
     # 6.74e9 parameters in float16; 2 (K, V) x 32 layers x 32 KV heads x 128 x 2 bytes
     assert round(plan["weight_bytes"] / 1e9, 2) == 13.48
     assert plan["kv_bytes_per_token"] == 512 * 1024
+    # weights beside it are neither read nor hashed (a 7B model's would be 13.5 GB)
+    (model / "model.safetensors").write_bytes(b"not read")
+
+    def hashed(*args: object) -> str:
+        raise AssertionError("plan hashed a model file")
+
+    monkeypatch.setattr(DigestCache, "file", hashed)
     assert main(["plan", "--model", str(model)]) == 0
     text = capsys.readouterr().out
     assert "12.55 GiB (float16 linears)" in text and "512.0 KiB (float16)" in text

@@ -15,6 +15,7 @@ import pytest
 
 from trt_builder.core.errors import EngineError, InputError
 from trt_builder.engine.runtime import EngineRuntime
+from trt_builder.pipeline.standalone import open_runtime
 from trt_builder.runtimes.generation import primary_end_id, trim
 from trt_builder.spec.gates import gate_for
 from trt_builder.triton.repository import TRTLLM_IN
@@ -105,8 +106,9 @@ def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:
         check=True,
     )  # fmt: skip
     report = verify_checkpoint(
-        ck, smollm2_hf, gate=gate_for("float16"), runtime="tensorrt-llm", engine_dir=engine
-    )
+        ck, smollm2_hf, gate=gate_for("float16"), runtime="tensorrt-llm", engine_dir=engine,
+        open_runtime=open_runtime("tensorrt-llm", engine_dir=engine, url=None),
+    )  # fmt: skip
     assert report["passed"], report["failures"]
     assert report["teacher_forced"] and report["top1"] >= 0.99
 
@@ -118,9 +120,11 @@ def test_verify_a_live_triton_deployment() -> None:
     reference = Path(os.environ.get("TRITON_REFERENCE", ""))
     if not (reference / "config.json").is_file():
         pytest.skip("set TRITON_REFERENCE to the HF model directory of the deployment")
+    url = os.environ["TRITON_URL"]
     report = verify_checkpoint(
-        None, reference, gate=gate_for("float16"), runtime="triton", url=os.environ["TRITON_URL"]
-    )
+        None, reference, gate=gate_for("float16"), runtime="triton", url=url,
+        open_runtime=open_runtime("triton", engine_dir=None, url=url),
+    )  # fmt: skip
     assert report["passed"], report["failures"]
     assert np.isfinite(report["greedy_agreement"]) and report["teacher_forced"] is False
 

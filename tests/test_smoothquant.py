@@ -112,7 +112,7 @@ def test_static_scales_and_the_int8_kv_cache(
                  "mlp.quantization_scaling_factor", "attention.kv_cache_scaling_factor"):  # fmt: skip
         assert w[p + name].dtype == torch.float32 and float(w[p + name].reshape(-1)[0]) > 0
     stats = load_stats(calibrated)
-    # balanced K and V span the larger of their calibrated ranges (trt_builder/kvcache.py)
+    # balanced K and V span the larger of their calibrated ranges (trt_builder/convert/kvcache.py)
     kv = max(float(stats[f"model.layers.0.self_attn.{x}_proj.output_absmax"].max()) for x in "kv")
     assert float(w[p + "attention.kv_cache_scaling_factor"]) == pytest.approx(kv / 127)
 

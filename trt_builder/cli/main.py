@@ -415,6 +415,8 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
       trt-builder nightly fleet.toml --matrix
       trt-builder nightly fleet.toml --entry smollm2/int8 --report-dir reports
     """
+    import os
+
     from ..fleet.file import load_fleet
     from ..fleet.nightly import check, run_nightly
     from ..fleet.report import write_reports
@@ -423,6 +425,8 @@ def nightly_command(fleet_file: Path, entries: tuple[str, ...], matrix: bool, of
     if matrix:
         click.echo(json.dumps(fleet.matrix(fleet.select(entries)), separators=(",", ":")))
         return
+    if offline:  # trt-builder's own code takes offline=True; the datasets library (an hf:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # calibration set) reads only the environment
     progress = None if as_json else StageProgress(err)
 
     def on_entry(event: str, i: int, n: int, er: Any) -> None:

@@ -28,7 +28,7 @@ from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
 #: How a rule's source tensors are rewritten before they are split and cast (the INT8 KV
-#: cache's balancing, trt_builder/kvcache.py), by TensorRT-LLM name.
+#: cache's balancing, trt_builder/convert/kvcache.py), by TensorRT-LLM name.
 Rewrite = dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]]
 
 
@@ -126,7 +126,7 @@ def _kv_cache(
     """The INT8 KV cache on a float or weight-only checkpoint: the balancing rewrite of every
     layer's qkv rows and dense input columns, and each layer's kv_cache_scaling_factor."""
 
-    refuse_unsupported(config, family)
+    refuse_unsupported(config, family, {r.name for r in rules})
     v_channels = config["quantization"]["quant_algo"] != "W8A16"  # see kvcache.balance
     if calibration is None:
         raise ConversionError("the INT8 KV cache needs a calibration: run trt-builder calibrate")

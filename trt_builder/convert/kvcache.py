@@ -116,10 +116,12 @@ def qkv_ranges(stats: dict[str, torch.Tensor], sources: tuple[str, ...]) -> torc
         ) from None
 
 
-def refuse_unsupported(config: dict[str, Any], family: Family) -> None:
+def refuse_unsupported(config: dict[str, Any], family: Family, names: set[str]) -> None:
     """The INT8 KV cache needs ranges of what the cache holds: refuse the families whose
-    registry entry says it does not apply (q/k norms after the projections)."""
-    if not family.int8_kv_cache:
+    registry entry says it does not apply, and (whatever the entry says) a checkpoint with q/k
+    norms after the projections."""
+    normed = any(n.endswith("attention.k_layernorm.weight") for n in names)
+    if not family.int8_kv_cache or normed:
         raise ConversionError(
             f"--kv-cache int8 is not supported for {config['architecture']} (q/k norms after "
             "the projections) yet: drop --kv-cache int8"

@@ -102,7 +102,7 @@ def _fit_hook(
     key: tuple[int, str],
 ) -> Any:
     """A forward hook that adds, for every alpha of GRID, the squared error of the group's INT8
-    GEMMs (as the plugin computes them, trt_builder/runtime/reference.py) on this input."""
+    GEMMs (as the plugin computes them, trt_builder/runtimes/checkpoint.py) on this input."""
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         x = args[0].detach().float().reshape(-1, args[0].shape[-1])

@@ -1,6 +1,6 @@
 """SmoothQuant W8A8 (and the INT8 KV cache) in TensorRT-LLM's plugin checkpoint format.
 
-From calibration statistics (trt_builder/calibrate.py), per decoder layer:
+From calibration statistics (trt_builder/calibrate/stats.py), per decoder layer:
 - a smoother per input channel, s_c = max(ax_c^alpha / max_j|W_jc|^(1-alpha), 1e-5), over every
   GEMM that reads that input (q, k, v together; fc and gate together). W' = W diag(s); for qkv
   and fc/gate it is folded into the norm before them (gamma / s), for dense and proj it is
@@ -10,7 +10,7 @@ From calibration statistics (trt_builder/calibrate.py), per decoder layer:
   output scales (per tensor);
 - static activation scales (`scale_to_int`, `quantization_scaling_factor`, `act_scale`) from the
   input and output ranges;
-- for the INT8 KV cache, K and V channels balanced by an exact rewrite (trt_builder/kvcache.py):
+- for the INT8 KV cache, K and V channels balanced by an exact rewrite (trt_builder/convert/kvcache.py):
   factors on the qkv rows go into their `per_channel_scale` (and bias), those on dense's input
   into its `smoother`; `kv_cache_scaling_factor` = the balanced range / 127.
 Layout and names follow TensorRT-LLM's llama converter (docs/quantization.md); tensor- and
@@ -172,7 +172,9 @@ def convert_smoothquant(
     return {**summary, "alpha": "per layer" if alphas else mode.alpha}
 
 
-def _refuse(mode: SmoothQuant, config: dict[str, Any], family: Family) -> None:
+def _refuse(
+    mode: SmoothQuant, config: dict[str, Any], family: Family, rules: list[TensorRule]
+) -> None:
     """What SmoothQuant cannot convert, before any work."""
     if not family.smoothquant:
         supported = sorted(a for a, f in load_all().items() if f.smoothquant)
@@ -183,7 +185,7 @@ def _refuse(mode: SmoothQuant, config: dict[str, Any], family: Family) -> None:
     if mode.alpha is None:
         raise ConversionError("SmoothQuant alpha is not chosen: run the recipe search first")
     if mode.kv_int8:
-        refuse_unsupported(config, family)
+        refuse_unsupported(config, family, {r.name for r in rules})
 
 
 def _missing_statistics(
@@ -229,7 +231,7 @@ class _Job:
              alphas: dict[int, dict[str, float]] | None, config: dict[str, Any], family: Family,
              rules: list[TensorRule], index: Any) -> _Job:  # fmt: skip
         """Check what can be checked before writing; the quantization goes into `config`."""
-        _refuse(mode, config, family)
+        _refuse(mode, config, family, rules)
         stats = load_stats(calibration)
         layers: dict[int, list[TensorRule]] = {}
         others: list[TensorRule] = []

@@ -278,7 +278,9 @@ def _data_files(folder: Path, paths: set[Path]) -> list[Path]:
 
 def _outside(module: str, g: Graph) -> tuple[Path | None, list[str]]:
     """A module outside the package (a stage defined in a test or a plugin): its file and the
-    trt-builder modules it imports (none known for code without a file, e.g. `python -c`)."""
+    trt-builder modules it imports (none known for code without a file, e.g. `python -c`).
+    Its own helper modules are not followed: a plugin's key covers its stage's module and, from
+    there, trt-builder only."""
     import sys
 
     file = getattr(sys.modules.get(module), "__file__", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import EngineError
-from ..models.registry import family_of_checkpoint
+from ..models.registry import load_all
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ def check_release(architecture: str, trtllm_version: str) -> None:
     if trtllm_version == "absent":
         return
     release_for(trtllm_version)
-    need = family_of_checkpoint({"architecture": architecture}).min_release
+    family = load_all().get(architecture)  # another producer's architecture: no known minimum
+    need = family.min_release if family is not None else None
     if need is None:
         return
     try:

@@ -66,6 +66,14 @@ class Family:
     notes: tuple[str, ...] = field(default=())
     advice: Callable[[dict[str, Any]], list[str]] = _no_advice
 
+    def __post_init__(self) -> None:
+        if self.qk_norm and self.int8_kv_cache:
+            raise ValueError(
+                f"family {self.name}: q/k norms after the projections rule out the INT8 KV "
+                "cache's calibrated balancing (its ranges are taken before the norms): set "
+                "int8_kv_cache=False"
+            )
+
     def is_ignored(self, name: str) -> bool:
         return any(name.startswith(p) or name.endswith(p) for p in self.ignored)
 

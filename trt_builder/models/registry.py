@@ -34,7 +34,7 @@ def family_of_checkpoint(config: dict[str, Any]) -> Family:
 def family_for(hf_config: dict[str, Any]) -> Family:
     """The family of an HF config, or an error listing what is supported."""
     load_all()
-    archs = hf_config.get("architectures") or []
+    archs = [str(a) for a in hf_config.get("architectures") or [] if a]
     for arch in archs:
         if arch in REGISTRY:
             return REGISTRY[arch]

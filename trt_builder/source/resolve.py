@@ -46,32 +46,23 @@ def default_gguf() -> Path:
     )
 
 
-def resolve_source(
-    model: str | None, revision: str | None, digests: DigestCache, *, offline: bool | None = None
-) -> ModelSource:
-    """Classify `--model` and pin it to a revision (hub: commit sha; local: content digest).
-    `offline`: ask no hub (None: as HF_HUB_OFFLINE says)."""
+def classify(model: str | None, revision: str | None) -> tuple[str, str, str]:
+    """What `--model` names, unresolved: (kind "gguf" | "local" | "hub", the file, directory
+    or repo id, the name it is filed under); refuses what it cannot be."""
     local = model is None or Path(model).suffix == ".gguf" or Path(model).expanduser().is_dir()
     if local and revision is not None:
         raise InputError(
             "--revision applies to hub repo ids, not to a local directory or .gguf file: drop it"
         )
     if model is None:
-        path = default_gguf()
-        return ModelSource("gguf", str(path), DEFAULT_MODEL_NAME, _content_rev(path, digests))
+        return "gguf", str(default_gguf()), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise InputError(f"GGUF file {path} does not exist: check the --model path")
-        return ModelSource("gguf", str(path.resolve()), path.stem, _content_rev(path, digests))
+        return "gguf", str(path.resolve()), path.stem
     if path.is_dir():
-        if revision is not None:
-            raise InputError(
-                "--revision applies to hub repo ids, not to a local directory: drop it"
-            )
-        return ModelSource(
-            "local", str(path.resolve()), path.resolve().name, _content_rev(path, digests)
-        )
+        return "local", str(path.resolve()), path.resolve().name
     if path.exists():
         raise InputError(
             f"{path} is neither a directory nor a .gguf file: pass a model directory, a .gguf file or a repo id"
@@ -80,7 +71,18 @@ def resolve_source(
         raise InputError(
             f"--model {model!r} is not an existing directory, a .gguf file or a hub repo id like org/name"
         )
-    return ModelSource("hub", model, model, resolve_hub_revision(model, revision, offline=offline))
+    return "hub", model, model
+
+
+def resolve_source(
+    model: str | None, revision: str | None, digests: DigestCache, *, offline: bool | None = None
+) -> ModelSource:
+    """Classify `--model` and pin it to a revision (hub: commit sha; local: content digest).
+    `offline`: ask no hub (None: as HF_HUB_OFFLINE says)."""
+    kind, ref, name = classify(model, revision)
+    if kind == "hub":
+        return ModelSource(kind, ref, name, resolve_hub_revision(ref, revision, offline=offline))
+    return ModelSource(kind, ref, name, _content_rev(Path(ref), digests))
 
 
 def _content_rev(path: Path, digests: DigestCache) -> str:

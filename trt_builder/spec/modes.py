@@ -16,7 +16,7 @@ class FloatMode:
     float32 written as float16)."""
 
     dtype: str = "float16"
-    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/kvcache.py)
+    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/convert/kvcache.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in FLOAT_DTYPES:
@@ -46,7 +46,7 @@ class WeightOnlyInt8:
     """
 
     dtype: str = "float16"
-    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/kvcache.py)
+    kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/convert/kvcache.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float16", "bfloat16"):
@@ -80,7 +80,7 @@ class SmoothQuant:
     the native W8A8_SQ_PER_CHANNEL: only they offer per-token activation scales, and every
     pinned release (0.20-1.2) builds them with the SmoothQuant plugin."""
 
-    alpha: float | None = 0.5  # None: searched (trt_builder/recipe.py)
+    alpha: float | None = 0.5  # None: searched (trt_builder/convert/recipe.py)
     per_token: bool = True
     kv_int8: bool = False
     dtype: str = "float16"

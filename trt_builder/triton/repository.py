@@ -292,7 +292,7 @@ def write_repository(
     validate_repository(work)
 
 
-def load_sources(path: Path) -> mc.ModelConfig:
+def _load_config(path: Path) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
         text_format.Parse(path.read_text(), config)
@@ -314,7 +314,7 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     dims agreeing). Raises PackageError naming the model and tensor."""
     if not root.is_dir():
         raise PackageError(f"{root} is not a directory: give the Triton model repository")
-    configs = {p.parent.name: load_sources(p) for p in sorted(root.glob("*/config.pbtxt"))}
+    configs = {p.parent.name: _load_config(p) for p in sorted(root.glob("*/config.pbtxt"))}
     if not configs:
         raise PackageError(f"{root} holds no model (no */config.pbtxt)")
     for name, config in configs.items():
