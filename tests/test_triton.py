@@ -11,7 +11,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trt_builder.core.errors import PackageError
-from trt_builder.triton.repository import RepositoryOptions, validate_repository, write_repository
+from trt_builder.triton.repository import (
+    ENSEMBLE_IN,
+    RepositoryOptions,
+    validate_repository,
+    write_repository,
+)
 
 OPTS = RepositoryOptions(
     max_batch_size=4,
@@ -28,6 +33,49 @@ def repo(tmp_path: Path, tokenizer_dir: Path) -> Path:
     root.mkdir()
     write_repository(root, OPTS, sorted(tokenizer_dir.iterdir()), None)
     return root
+
+
+def test_every_pinned_release_has_its_backend_contract() -> None:
+    from trt_builder.engine.releases import RELEASES
+    from trt_builder.triton.conformance import CONTRACTS
+
+    assert sorted(CONTRACTS) == sorted(r.version for r in RELEASES)
+    for contract in CONTRACTS.values():
+        assert contract.evidence in ("read", "probable", "inferred") and contract.dated_by
+        for entry in (*contract.parameters, *contract.inputs, *contract.outputs):
+            assert entry.source.repo and entry.source.path and entry.source.version, entry
+
+
+@pytest.mark.parametrize("release", ["0.20", "0.21", "1.0", "1.1", "1.2"])
+def test_the_tensorrt_llm_config_meets_the_backend_of_each_release(
+    repo: Path, release: str
+) -> None:
+    """The written config.pbtxt, as Triton parses it, against what that release's backend reads:
+    every parameter it reads unguarded is there (a missing one fails the model's load), every
+    input is one the backend looks up, by that name, type and dims (a misnamed one would be
+    accepted and never read), every required template input and every output is there."""
+    from trt_builder.triton.conformance import CONTRACTS
+
+    contract = CONTRACTS[release]
+    config = mc.ModelConfig()
+    text_format.Parse((repo / "tensorrt_llm" / "config.pbtxt").read_text(), config)
+    for parameter in contract.parameters:
+        assert parameter.name in config.parameters, (parameter.name, str(parameter.source))
+    assert config.parameters["gpt_model_type"].string_value in (
+        "V1", "v1", "inflight_batching", "inflight_fused_batching"
+    )  # fmt: skip
+    for key in ("xgrammar_tokenizer_info_path", "guided_decoding_backend"):
+        assert config.parameters[key].string_value == ""  # no guided decoding
+    sent = {i.name: i for i in config.input}
+    for name, item in sent.items():
+        spec = contract.input(name)
+        assert spec is not None, f"{name} is not an input the {release} backend reads"
+        assert mc.DataType.Name(item.data_type) == spec.data_type, name
+        assert tuple(item.dims) == spec.dims, name
+    assert {s.name for s in contract.inputs if not s.optional} <= set(sent)
+    assert "seed" in sent and "random_seed" not in sent
+    outputs = {o.name: (mc.DataType.Name(o.data_type), tuple(o.dims)) for o in config.output}
+    assert outputs == {s.name: (s.data_type, s.dims) for s in contract.outputs}
 
 
 def test_every_config_parses_with_tritons_schema(repo: Path) -> None:
@@ -439,11 +487,14 @@ def test_infer_through_a_stand_in_server(capsys: pytest.CaptureFixture[str]) -> 
     server = StandInTriton()
     try:
         assert main(["infer", "--url", server.url, "--prompt", "Ünïcode prompt", "--max-tokens", "5",
-                     "--temperature", "0.5", "--json"]) == 0  # fmt: skip
+                     "--temperature", "0.5", "--seed", "7", "--json"]) == 0  # fmt: skip
         out = json.loads(capsys.readouterr().out)
         assert out["text"] == "[stand-in] 5 tokens for: Ünïcode prompt"
         sent = server.requests[-1]
         assert sent["max_tokens"] == [5] and sent["temperature"] == [0.5] and "stream" not in sent
+        # every input sent is one the ensemble declares, with its type: the seed as "seed"
+        declared = {name: dtype.removeprefix("TYPE_") for name, dtype, _, _ in ENSEMBLE_IN}
+        assert sent["seed"] == [7] and set(sent) <= set(declared)
         chat = [{"role": "user", "content": "hi"}]
         assert main(["infer", "--url", server.url, "--messages", json.dumps(chat)]) == 0
         assert json.loads(server.requests[-1]["messages"][0]) == chat

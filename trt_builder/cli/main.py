@@ -332,6 +332,8 @@ def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_
 @click.option("--temperature", type=float)
 @click.option("--top-k", type=int)
 @click.option("--top-p", type=float)
+@click.option("--seed", type=click.IntRange(0, 2**64 - 1),
+              help="Sampling seed (the backend's `seed` input), for repeatable sampled answers.")  # fmt: skip
 @click.option(
     "--stream", is_flag=True, help="Print the answer as it comes (a streaming repository)."
 )
@@ -342,7 +344,8 @@ def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_
 @options.apply(options.OUTPUT_OPTIONS)
 def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens: int,
                   temperature: float | None, top_k: int | None, top_p: float | None,
-                  stream: bool, model: str, timeout: float, as_json: bool) -> None:  # fmt: skip
+                  seed: int | None, stream: bool, model: str, timeout: float,
+                  as_json: bool) -> None:  # fmt: skip
     """Send one request to a live Triton deployment of a trt-builder repository and print the
     answer (checks readiness first; fails after --timeout).
 
@@ -367,8 +370,8 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
             raise InputError(
                 '--messages is not JSON: give [{"role": "user", "content": "..."}]'
             ) from None
-    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
-                if v is not None}  # fmt: skip
+    sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                                  ("seed", seed)) if v is not None}  # fmt: skip
     request = client.Request(prompt=prompt, messages=chat, max_tokens=max_tokens, sampling=sampling)
     if stream:
         pieces = []

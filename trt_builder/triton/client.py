@@ -32,7 +32,7 @@ class Request:
 
 
 #: Optional ensemble inputs: name -> Triton data type.
-_SAMPLING = {"temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "random_seed": "UINT64"}
+_SAMPLING = {"temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "seed": "UINT64"}
 _NUMPY = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_}
 
 

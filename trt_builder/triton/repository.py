@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import PackageError
 from ..core.fsio import link_or_copy, replace_symlink
+from .conformance import required_parameters
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -48,7 +49,7 @@ TRTLLM_IN: tuple[Tensor, ...] = (
     ("runtime_top_k", "TYPE_INT32", (1,), True),
     ("runtime_top_p", "TYPE_FP32", (1,), True),
     ("temperature", "TYPE_FP32", (1,), True),
-    ("random_seed", "TYPE_UINT64", (1,), True),
+    ("seed", "TYPE_UINT64", (1,), True),  # the backend reads "seed" (conformance.py)
     ("streaming", "TYPE_BOOL", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
     ("bad_words_list", "TYPE_INT32", (2, -1), True),
@@ -71,7 +72,7 @@ ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("top_k", "TYPE_INT32", (1,), True),
     ("top_p", "TYPE_FP32", (1,), True),
     ("temperature", "TYPE_FP32", (1,), True),
-    ("random_seed", "TYPE_UINT64", (1,), True),
+    ("seed", "TYPE_UINT64", (1,), True),  # the upstream ensemble's name too
     ("stream", "TYPE_BOOL", (1,), True),
     ("stop_words", "TYPE_STRING", (-1,), True),
     ("bad_words", "TYPE_STRING", (-1,), True),
@@ -92,7 +93,7 @@ ENSEMBLE_STEPS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
         "tensorrt_llm",
         {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN", "request_output_len": "_REQUEST_OUTPUT_LEN",
          "end_id": "_END_ID", "pad_id": "_PAD_ID", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-         "temperature": "temperature", "random_seed": "random_seed", "streaming": "stream",
+         "temperature": "temperature", "seed": "seed", "streaming": "stream",
          "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS"},
         {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
     ),
@@ -225,6 +226,7 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
     _params(
         llm,
         {
+            **required_parameters(),  # what a pinned release reads unguarded (conformance.py)
             "gpt_model_type": "inflight_fused_batching",
             "gpt_model_path": opts.engine_path,
             "max_beam_width": str(opts.max_beam_width),
