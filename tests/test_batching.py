@@ -1,0 +1,113 @@
+"""In-flight batching over the checkpoint runtime (runtimes/batching.py): the same greedy
+answers as the runtime's own generation, requests joining and leaving mid-run, TensorRT-LLM's
+sampling parameters, and the stops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.core.errors import InputError
+from trt_builder.runtimes.batching import InflightBatcher, Request, Sampling, generate, sample
+from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.spec.modes import FloatMode
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [[5, 17, 42], [99, 7, 250, 3, 64, 128, 11], [300], [21, 8, 90, 33, 2, 40]]
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> CheckpointRuntime:
+    ck = tmp_path_factory.mktemp("ck")
+    convert_checkpoint(tiny_llama, ck, FloatMode("float32"))
+    return CheckpointRuntime.load(ck)
+
+
+def test_greedy_answers_equal_the_runtimes_own_generation(runtime: CheckpointRuntime) -> None:
+    """Four prompts of different lengths, at most two at a time: the others wait and join as
+    places free up; each answer equals the runtime's greedy continuation of that prompt alone."""
+    lengths = [12, 3, 8, 5]
+    requests = [Request(tuple(p), n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    got = generate(runtime, requests, max_batch_size=2)
+    want = [runtime.greedy(p, n, set()) for p, n in zip(PROMPTS, lengths, strict=True)]
+    assert got == want and [len(g) for g in got] == lengths
+
+
+def test_requests_join_and_leave_at_every_step(runtime: CheckpointRuntime) -> None:
+    """A long request does not hold up short ones: they finish while it runs, and one submitted
+    mid-run joins at the next step, all in fewer steps than one after another."""
+    batcher = InflightBatcher(runtime, max_batch_size=4)
+    long = batcher.submit(Request(tuple(PROMPTS[1]), 16))
+    short = [batcher.submit(Request(tuple(p), 3)) for p in (PROMPTS[0], PROMPTS[2])]
+    steps, finished, late = 0, [], None
+    while not batcher.idle:
+        events = batcher.step()
+        steps += 1
+        assert len(events) <= 4
+        finished += [e.request for e in events if e.finished]
+        if steps == 5:
+            late = batcher.submit(Request(tuple(PROMPTS[3]), 4))
+        if late is not None and steps == 6:
+            assert late in {e.request for e in events}  # it joined the running batch
+    assert finished == [*short, late, long]
+    assert steps == 16 < 16 + 3 + 3 + 4
+
+
+def test_sampling_follows_the_request_and_its_seed(runtime: CheckpointRuntime) -> None:
+    prompt = tuple(PROMPTS[1])
+
+    def run(sampling: Sampling) -> list[int]:
+        return generate(runtime, [Request(prompt, 12, sampling=sampling)])[0]
+
+    greedy = runtime.greedy(list(prompt), 12, set())
+    assert run(Sampling()) == greedy and run(Sampling(top_k=1, temperature=0.7)) == greedy
+    hot = Sampling(top_k=50, temperature=5.0, seed=7)
+    assert run(hot) == run(hot)  # the seed decides
+    assert len({tuple(run(Sampling(top_k=50, temperature=5.0, seed=s))) for s in range(4)}) > 1
+    # top-p keeps the smallest set of tokens whose mass reaches p: a tiny p is greedy
+    assert run(Sampling(top_p=1e-6, temperature=5.0, seed=3)) == greedy
+
+
+def test_sample_draws_only_from_the_top_k_and_the_top_p_mass() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.0, 1.0, -1.0])
+    seen = set()
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        seen.add(sample(logits, Sampling(top_k=2, temperature=10.0), g))
+    assert seen == {1, 2}
+    probs = torch.softmax(logits.double(), -1)  # 0.03, 0.64, 0.24, 0.09, 0.01
+    assert float(probs[1] + probs[2]) > 0.85 > float(probs[1])
+    seen = set()
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        seen.add(sample(logits, Sampling(top_p=0.85), g))
+    assert seen == {1, 2}
+
+
+def test_end_ids_stop_words_and_bad_words(runtime: CheckpointRuntime) -> None:
+    prompt = tuple(PROMPTS[1])
+    greedy = runtime.greedy(list(prompt), 10, set())
+    end = greedy[3]
+    assert (
+        generate(runtime, [Request(prompt, 10, end_id=end)])[0] == greedy[: greedy.index(end) + 1]
+    )
+    stop = tuple(greedy[4:6])
+    stopped = generate(runtime, [Request(prompt, 10, stop_words=(stop,))])[0]
+    assert stopped[-2:] == list(stop) and len(stopped) <= 6
+    banned = generate(runtime, [Request(prompt, 10, bad_words=((greedy[0],),))])[0]
+    assert banned[0] != greedy[0] and greedy[0] not in banned
+
+
+def test_bad_requests_are_refused_by_name() -> None:
+    with pytest.raises(InputError, match="the prompt has no tokens"):
+        Request((), 4)
+    with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
+        Request((1, 2), 0)
+    with pytest.raises(InputError, match="temperature must be > 0"):
+        Sampling(temperature=0.0)
+    with pytest.raises(InputError, match="top_p must be between 0 and 1"):
+        Sampling(top_p=1.5)

@@ -1,0 +1,212 @@
+"""In-flight batching over the checkpoint runtime: requests join and leave the running batch at
+every decoding step, each with its own KV cache, so that a long request does not hold up short
+ones (what TensorRT-LLM's batch manager does for an engine).
+
+A request is prefilled alone when it joins (its prompt through the model, its first token from
+the last logits). Every step then decodes one token for every running request in one batched
+forward: the requests' caches are left-padded to the longest and stacked, the padding hidden by
+the runtime's mask, and each request keeps its own cache back, one token longer. A request
+leaves the batch when it produces its end id, completes a stop word, or reaches its
+`max_new_tokens`. Sampling follows TensorRT-LLM's request parameters: greedy for top_k 0 or 1
+with top_p 0, else temperature, then top-k, then top-p, drawn from a generator seeded per
+request; bad words are masked before sampling.
+
+This is the reference backend's engine (a PyTorch reference, not TensorRT-LLM): what it computes
+is the checkpoint runtime's arithmetic, so a greedy answer equals CheckpointRuntime.greedy's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..core.errors import InputError
+from .checkpoint import CheckpointRuntime, KVCache
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request's next token is chosen (TensorRT-LLM's runtime_top_k, runtime_top_p,
+    temperature, seed)."""
+
+    top_k: int = 0
+    top_p: float = 0.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise InputError(f"top_k must be >= 0, not {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise InputError(f"top_p must be between 0 and 1, not {self.top_p}")
+        if self.temperature <= 0.0:
+            raise InputError(f"temperature must be > 0, not {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k <= 1 and self.top_p == 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request: the prompt's ids and when to stop."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    end_id: int | None = None
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise InputError("the prompt has no tokens: send some text")
+        if self.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Event:
+    """A token a request produced; `finished` with its last one (and why)."""
+
+    request: int  # the id submit() returned
+    token: int
+    finished: bool
+    reason: str | None = None  # "end_id" | "stop_word" | "length"
+
+
+@dataclass
+class _Running:
+    id: int
+    request: Request
+    cache: KVCache
+    tokens: list[int]
+    generator: torch.Generator
+    logits: torch.Tensor  # [vocab]: the next token's
+
+
+def _mask_bad_words(
+    logits: torch.Tensor, tokens: list[int], bad: tuple[tuple[int, ...], ...]
+) -> None:
+    """Forbid each bad word's last token where the tokens so far end with the rest of it."""
+    for word in bad:
+        *head, last = word
+        if not head or tokens[-len(head) :] == list(head):
+            logits[last] = float("-inf")
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """The next token from [vocab] logits."""
+    if sampling.greedy:
+        return int(torch.argmax(logits))
+    scores = logits.double() / sampling.temperature
+    if sampling.top_k > 1:
+        kth = torch.topk(scores, min(sampling.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p > 0.0:
+        ordered, order = torch.sort(scores, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (the first token always)
+        drop = torch.cumsum(probs, dim=-1) - probs >= sampling.top_p
+        scores = scores.clone()
+        scores[order[drop]] = float("-inf")
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs.float(), 1, generator=generator))
+
+
+def _stack(caches: list[KVCache]) -> tuple[KVCache, list[int]]:
+    """One cache for a batch: each request's left-padded to the longest; and the pads."""
+    longest = max(c.length for c in caches)
+    pads = [longest - c.length for c in caches]
+    layers = len(caches[0].keys)
+    keys = [torch.cat([F.pad(c.keys[i], (0, 0, p, 0)) for c, p in zip(caches, pads, strict=True)])
+            for i in range(layers)]  # fmt: skip
+    values = [torch.cat([F.pad(c.values[i], (0, 0, p, 0)) for c, p in zip(caches, pads, strict=True)])
+              for i in range(layers)]  # fmt: skip
+    return KVCache(keys, values, torch.tensor(pads)), pads
+
+
+class InflightBatcher:
+    """Runs requests through a CheckpointRuntime, at most `max_batch_size` at a time; the rest
+    wait in order. submit() between steps joins the batch at the next step."""
+
+    def __init__(self, runtime: CheckpointRuntime, *, max_batch_size: int = 8) -> None:
+        if max_batch_size < 1:
+            raise InputError(f"max_batch_size must be at least 1, not {max_batch_size}")
+        self.runtime = runtime
+        self.max_batch_size = max_batch_size
+        self.waiting: deque[tuple[int, Request]] = deque()
+        self.running: list[_Running] = []
+        self._ids = itertools.count()
+
+    def submit(self, request: Request) -> int:
+        """Queue a request; its id, as its events carry it."""
+        rid = next(self._ids)
+        self.waiting.append((rid, request))
+        return rid
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    @torch.inference_mode()
+    def _prefill(self, rid: int, request: Request) -> _Running:
+        cache = KVCache()
+        logits = self.runtime.forward(torch.tensor(request.prompt), cache)[-1]
+        generator = torch.Generator().manual_seed(request.sampling.seed)
+        return _Running(rid, request, cache, [], generator, logits)
+
+    def _choose(self, run: _Running) -> Event:
+        request = run.request
+        logits = run.logits.clone()
+        _mask_bad_words(logits, [*request.prompt, *run.tokens], request.bad_words)
+        token = sample(logits, request.sampling, run.generator)
+        run.tokens.append(token)
+        if request.end_id is not None and token == request.end_id:
+            return Event(run.id, token, True, "end_id")
+        if any(run.tokens[-len(w) :] == list(w) for w in request.stop_words if w):
+            return Event(run.id, token, True, "stop_word")
+        if len(run.tokens) >= request.max_new_tokens:
+            return Event(run.id, token, True, "length")
+        return Event(run.id, token, False)
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        """Admit waiting requests (prefill), choose every running request's next token, and run
+        one batched forward for the ones that go on; the tokens chosen, in running order."""
+        while self.waiting and len(self.running) < self.max_batch_size:
+            self.running.append(self._prefill(*self.waiting.popleft()))
+        events = [self._choose(run) for run in self.running]
+        going = [run for run, e in zip(self.running, events, strict=True) if not e.finished]
+        if going:
+            batch, pads = _stack([run.cache for run in going])
+            ids = torch.tensor([[run.tokens[-1]] for run in going])
+            logits = self.runtime.forward(ids, batch)[:, -1]
+            for row, (run, pad) in enumerate(zip(going, pads, strict=True)):
+                run.cache = KVCache([k[row : row + 1, :, pad:] for k in batch.keys],
+                                    [v[row : row + 1, :, pad:] for v in batch.values])  # fmt: skip
+                run.logits = logits[row]
+        self.running = going
+        return events
+
+    def run(self) -> Iterator[Event]:
+        """Step until every submitted request has finished."""
+        while not self.idle:
+            yield from self.step()
+
+
+def generate(
+    runtime: CheckpointRuntime, requests: list[Request], *, max_batch_size: int = 8
+) -> list[list[int]]:
+    """Every request's tokens, run together with in-flight batching."""
+    batcher = InflightBatcher(runtime, max_batch_size=max_batch_size)
+    ids = [batcher.submit(r) for r in requests]
+    out: dict[int, list[int]] = {i: [] for i in ids}
+    for event in batcher.run():
+        out[event.request].append(event.token)
+    return [out[i] for i in ids]
