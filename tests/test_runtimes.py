@@ -2,15 +2,13 @@
 
 Neither TensorRT-LLM nor a Triton server can be installed here: the logic around them (end
 ids, trimming, the requests sent) is tested on its own, and the tests that need the real thing
-are marked `trtllm` / `triton` and run where it exists (a GPU host; TRITON_URL set)."""
+are marked `trtllm` and run where it exists (a GPU host); a real tritonserver: tests/test_serve.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from trt_builder.core.errors import EngineError, InputError
@@ -111,22 +109,6 @@ def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert report["passed"], report["failures"]
     assert report["teacher_forced"] and report["top1"] >= 0.99
-
-
-@pytest.mark.triton
-def test_verify_a_live_triton_deployment() -> None:
-    """With TRITON_URL (a server running a repository built by trt-builder) and
-    TRITON_REFERENCE (the HF model directory it was built from)."""
-    reference = Path(os.environ.get("TRITON_REFERENCE", ""))
-    if not (reference / "config.json").is_file():
-        pytest.skip("set TRITON_REFERENCE to the HF model directory of the deployment")
-    url = os.environ["TRITON_URL"]
-    report = verify_checkpoint(
-        None, reference, gate=gate_for("float16"), runtime="triton", url=url,
-        open_runtime=open_runtime("triton", engine_dir=None, url=url),
-    )  # fmt: skip
-    assert report["passed"], report["failures"]
-    assert np.isfinite(report["greedy_agreement"]) and report["teacher_forced"] is False
 
 
 def test_verify_compares_a_greedy_only_runtime_on_generation(

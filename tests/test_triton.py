@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -206,21 +205,6 @@ def test_python_models_tokenize_like_the_hf_tokenizer(repo: Path, tokenizer_dir:
     ]
 
 
-@pytest.mark.triton
-def test_live_server_answers(tmp_path: Path) -> None:
-    """Against a deployment of a trt-builder repository: TRITON_URL=host:8000."""
-    import tritonclient.http as http
-
-    client = http.InferenceServerClient(os.environ["TRITON_URL"])
-    assert client.is_server_ready() and client.is_model_ready("ensemble")
-    text = http.InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([["The capital of France is"]], dtype=object))
-    length = http.InferInput("max_tokens", [1, 1], "INT32")
-    length.set_data_from_numpy(np.array([[8]], dtype=np.int32))
-    out = client.infer("ensemble", [text, length]).as_numpy("text_output")
-    assert out is not None and out.reshape(-1)[0].decode().strip()
-
-
 def test_preprocessing_handles_a_batch_and_the_generation_config_end_id(
     repo: Path, tmp_path: Path
 ) -> None:
@@ -378,10 +362,16 @@ def test_packaged_repositories_validate_and_publish_versions(
     from trt_builder.triton.repository import INFO, current_version, published_versions
 
     def build(**flags: object):  # type: ignore[no-untyped-def]
+        # NVIDIA's backend, its engine to come (a CPU host's default is the reference backend)
+        flags = {"triton.backend": "tensorrtllm", **flags}
         spec = make_spec(model=str(tiny_llama), dtype=dtype, tp=tp, out=tmp_path / "engines",
                          triton_root=tmp_path / "triton", **flags)  # fmt: skip
         return run(spec, only=("fetch", "calibrate", "convert", "package"))
 
+    assert run(make_spec(model=str(tiny_llama), dtype=dtype, tp=tp, out=tmp_path / "engines",
+                         triton_root=tmp_path / "auto"),
+               only=("fetch", "calibrate", "convert", "package")).records[-1].details[
+        "backend"] == "reference"  # fmt: skip
     result = build()
     link = result.layout.triton
     assert link.is_symlink() and current_version(link) == 1
@@ -538,19 +528,3 @@ def test_streaming_infer_through_a_stand_in_grpc_server(capsys: pytest.CaptureFi
         assert capsys.readouterr().out == "[stand-in] piece 1 piece 2\n"
     finally:
         server.shutdown()
-
-
-@pytest.mark.triton
-def test_infer_against_a_live_server(capsys: pytest.CaptureFixture[str]) -> None:
-    """TRITON_URL (http://HOST:8000 or grpc://HOST:8001) serving a trt-builder repository: a
-    plain prompt and a chat both get a non-empty answer."""
-    from trt_builder.cli.main import main
-
-    url = os.environ["TRITON_URL"]
-    url = url if "://" in url else f"http://{url}"
-    assert main(["infer", "--url", url, "--prompt", "The capital of France is", "--max-tokens",
-                 "8", "--json"]) == 0  # fmt: skip
-    assert json.loads(capsys.readouterr().out)["text"].strip()
-    chat = json.dumps([{"role": "user", "content": "Say hello."}])
-    assert main(["infer", "--url", url, "--messages", chat, "--max-tokens", "8", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["text"].strip()

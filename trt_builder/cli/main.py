@@ -323,6 +323,63 @@ def serve_command_cli(repository: Path, http_port: int, grpc_port: int, metrics_
     click.echo(shlex.join(argv))
 
 
+@cli.command("serve", epilog=EPILOG_EXIT)
+@click.argument("repository", type=click.Path(path_type=Path))
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for every model to be ready.")  # fmt: skip
+@options.DEBUG_OPTION
+def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: int,
+              timeout: float) -> None:  # fmt: skip
+    """Serve a repository trt-builder wrote with a real tritonserver (the NGC container's, or
+    the nvidia-pytriton wheel's: trt-builder[serve]) until Ctrl-C or SIGTERM. Explicit model
+    control, strict readiness; a model that fails to load is named with Triton's reason.
+
+    \b
+    Example:
+      trt-builder serve triton_repo/smollm2-135m-instruct-b179c952-int8-sq-tp1-pp1
+    """
+    import json as _json
+    import signal
+    import subprocess
+
+    from ..core.errors import TritonError
+    from ..triton.repository import INFO, REFERENCE
+    from ..triton.server import start
+
+    server = start(repository, http_port=http_port, grpc_port=grpc_port,
+                   metrics_port=metrics_port, timeout=timeout)  # fmt: skip
+    try:
+        info = _json.loads((repository / INFO).read_text())
+    except (OSError, ValueError):
+        info = {}
+    what = REFERENCE if info.get("backend") == "reference" else "TensorRT-LLM engine"
+    err.print(f"serving {escape(str(repository))} on {server.http_url} and {server.grpc_url} "
+              f"(tensorrt_llm: {what}; tritonserver from {server.binary.source}, log: "
+              f"{escape(str(server.log))}); Ctrl-C stops it", soft_wrap=True)  # fmt: skip
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    stopped = False
+    try:
+        while server.process.poll() is None:
+            try:
+                server.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        stopped = True
+    finally:
+        code = server.stop()
+    if not stopped:  # it ended by itself
+        raise TritonError(f"tritonserver exited with {code} (log: {server.log})")
+    err.print(f"tritonserver stopped (exit {code})")
+
+
 @cli.command("infer", epilog=EPILOG_EXIT)
 @click.option("--url", required=True,
               help="grpc://HOST:8001 (gRPC; needed for --stream) or http://HOST:8000.")  # fmt: skip

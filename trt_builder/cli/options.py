@@ -79,6 +79,13 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         help="Triton repositories root (default ./triton_repo).",
     ),
     click.option(
+        "--backend",
+        type=click.Choice(["auto", "tensorrtllm", "reference"]),
+        help="The Triton repository's tensorrt_llm model: the engine on NVIDIA's backend, or the "
+        "checkpoint on trt-builder's PyTorch reference backend (not TensorRT-LLM; any host). "
+        "Default auto: the engine when one was built, else the reference backend.",
+    ),
+    click.option(
         "--target-gpu",
         type=click.Choice(sorted(GPUS)),
         help="GPU the engine is built for (default H100-80GB).",
@@ -211,7 +218,7 @@ def apply(*groups: tuple[Callable[[F], F], ...]) -> Callable[[F], F]:
 #: CLI parameter name -> build-spec key ("section.key" for [limits] and [verify]).
 SPEC_KEYS: dict[str, str] = {
     "model": "model", "revision": "revision", "dtype": "dtype", "tp": "tp", "pp": "pp", "out": "out",
-    "triton_root": "triton_root", "target_gpu": "target_gpu", "allow_pickle": "allow_pickle",
+    "triton_root": "triton_root", "backend": "triton.backend", "target_gpu": "target_gpu", "allow_pickle": "allow_pickle",
     "require_engine": "require_engine", "max_batch_size": "limits.max_batch_size",
     "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len",
     "max_num_tokens": "limits.max_num_tokens", "gemm_plugin": "engine.gemm_plugin",

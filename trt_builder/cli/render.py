@@ -78,6 +78,8 @@ def detail(record: StageRecord) -> str:
     if record.name == "engine" and record.status == "skipped":
         return d.get("reason", "")
     if record.name == "package":
+        if d.get("backend") == "reference":
+            return "tensorrt_llm on the reference backend (PyTorch, not TensorRT-LLM)"
         return "engine included" if d.get("engine_included") else "configs only (no engine yet)"
     if record.name == "fetch" and "source" in d:
         src = d["source"]

@@ -145,8 +145,16 @@ class TritonOptions:
     kv_cache_free_gpu_mem_fraction: float = 0.9
     keep: int = 3
     serve_root: str | None = None
+    # the tensorrt_llm model: "auto" (the engine when one was built from this checkpoint, else
+    # the reference backend), "tensorrtllm" (NVIDIA's backend; the engine added when built) or
+    # "reference" (the checkpoint on trt-builder's PyTorch reference backend)
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("auto", "tensorrtllm", "reference"):
+            raise SpecError(
+                f"triton.backend {self.backend!r} is not one of auto, tensorrtllm, reference"
+            )
         if not isinstance(self.streaming, bool):
             raise SpecError("triton.streaming is true or false")
         if not 0.05 <= self.kv_cache_free_gpu_mem_fraction <= 0.99:

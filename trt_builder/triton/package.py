@@ -5,6 +5,7 @@ the config its build command will give it)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +86,26 @@ def engine_config(ctx: BuildContext, engine: Path | None) -> dict[str, Any]:
     return config
 
 
+def backend(ctx: BuildContext) -> str:
+    """The tensorrt_llm model's backend: [triton] backend, where "auto" is the engine when one
+    was built from this checkpoint, else the reference backend (the checkpoint in PyTorch)."""
+    chosen = ctx.spec.triton.backend
+    if chosen == "auto":
+        return "tensorrtllm" if shipped_engine(ctx) is not None else "reference"
+    return chosen
+
+
 def repository_options(ctx: BuildContext, version: int) -> RepositoryOptions:
     """The repository's options for published version `version`, from the engine's config and
     the spec's [triton] table."""
     triton = ctx.spec.triton
     root = triton.serve_root or str(ctx.layout.triton_root.resolve())
-    return options_from_engine(
-        engine_config(ctx, shipped_engine(ctx)),
+    kind = backend(ctx)
+    options = options_from_engine(
+        engine_config(ctx, shipped_engine(ctx) if kind == "tensorrtllm" else None),
         engine_path=f"{root}/{ctx.layout.triton_name}/tensorrt_llm/{version}/engine",
         version=version,
         decoupled=triton.streaming,
         kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
     )
+    return replace(options, backend=kind)

@@ -121,6 +121,9 @@ class RepositoryOptions:
     kv_cache_free_gpu_mem_fraction: float = 0.9
     enable_chunked_context: bool = False  # needs paged context FMHA in the engine
     enable_kv_cache_reuse: bool = False  # likewise
+    # "tensorrtllm": the engine, run by NVIDIA's backend; "reference": the checkpoint, run by
+    # trt-builder's PyTorch reference backend (python_models/tensorrt_llm.py), no engine needed
+    backend: str = "tensorrtllm"
 
 
 def options_from_engine(
@@ -186,8 +189,17 @@ def _params(config: mc.ModelConfig, values: dict[str, str]) -> None:
         config.parameters[key].string_value = value
 
 
+#: The backends the tensorrt_llm model can have.
+BACKENDS = ("tensorrtllm", "reference")
+#: What the reference backend says it is, in its config and wherever it is named.
+REFERENCE = "trt-builder reference backend: a PyTorch reference, not TensorRT-LLM"
+
+
 def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
     """The four model configs as ModelConfig messages."""
+    if opts.backend not in BACKENDS:
+        raise PackageError(f"unknown backend {opts.backend!r}: use one of {', '.join(BACKENDS)}")
+    reference = opts.backend == "reference"
     cpu = [mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)]
     pre = mc.ModelConfig(
         name="preprocessing",
@@ -210,7 +222,7 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
     scalars = tuple(n for n, _, dims, _ in TRTLLM_IN if dims == (1,))
     llm = mc.ModelConfig(
         name="tensorrt_llm",
-        backend="tensorrtllm",
+        backend="python" if reference else "tensorrtllm",
         max_batch_size=opts.max_batch_size,
         input=_io(
             mc.ModelInput,
@@ -238,6 +250,11 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
             "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         },
     )
+    if reference:  # the checkpoint beside model.py, where torch finds a GPU or on the CPU
+        _params(
+            llm, {"checkpoint_dir": "checkpoint", "device": "auto", "implementation": REFERENCE}
+        )
+        del llm.parameters["gpt_model_path"]
     post = mc.ModelConfig(
         name="postprocessing",
         backend="python",
@@ -270,25 +287,38 @@ INFO = "trt-builder-repository.json"
 
 
 def write_repository(
-    work: Path, opts: RepositoryOptions, tokenizer_files: list[Path], engine_dir: Path | None
+    work: Path,
+    opts: RepositoryOptions,
+    tokenizer_files: list[Path],
+    engine_dir: Path | None,
+    checkpoint_dir: Path | None = None,
 ) -> None:
     """Write the repository into `work` (the caller makes it appear atomically), every model
-    at version `opts.version`, then validate it."""
+    at version `opts.version`, then validate it. The reference backend ships `checkpoint_dir`
+    beside its model.py (hard links where the file system allows)."""
+    if opts.backend == "reference" and checkpoint_dir is None:
+        raise PackageError("internal: the reference backend needs the checkpoint to ship")
     models = resources.files("trt_builder.triton") / "python_models"
     version = str(opts.version)
     for name, config in model_configs(opts).items():
         (work / name / version).mkdir(parents=True)
         (work / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-        if config.backend == "python":
+        if config.backend == "python":  # preprocessing, postprocessing, the reference backend
             (work / name / version / "model.py").write_text((models / f"{name}.py").read_text())
     tokenizer_dir = work / "preprocessing" / "tokenizer"
     tokenizer_dir.mkdir()
     for path in tokenizer_files:
         shutil.copy2(path, tokenizer_dir / path.name)
-    if engine_dir is not None:
-        for path in sorted(engine_dir.iterdir()):
-            if path.is_file():
-                link_or_copy(path, work / "tensorrt_llm" / version / "engine" / path.name)
+    shipped = (
+        [(engine_dir, "engine")] if engine_dir is not None and opts.backend != "reference" else []
+    )
+    if opts.backend == "reference":
+        assert checkpoint_dir is not None
+        shipped = [(checkpoint_dir, "checkpoint")]
+    for source, where in shipped:
+        for path in sorted(source.iterdir()):
+            if path.is_file() and path.name != "stage.json":
+                link_or_copy(path, work / "tensorrt_llm" / version / where / path.name)
     info = {**asdict(opts), "engine_included": engine_dir is not None}
     (work / INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     validate_repository(work)
@@ -332,6 +362,8 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
             raise PackageError(f"model {name}: python backend without {latest.name}/model.py")
         if config.backend == "tensorrtllm":
             _check_engine_path(root, name, config)
+        if name == "tensorrt_llm" and config.backend == "python":
+            _check_checkpoint(name, latest, config)
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs)
@@ -367,6 +399,21 @@ def _check_engine_path(root: Path, name: str, config: mc.ModelConfig) -> None:
                 f"model {name}: gpt_model_path {path} lacks {(missing or ['config.json'])[0]}: "
                 "rerun trt-builder package once the engine is built"
             )
+
+
+def _check_checkpoint(name: str, version: Path, config: mc.ModelConfig) -> None:
+    """The reference backend's checkpoint: config.json and a rank file per rank."""
+    where = version / config.parameters["checkpoint_dir"].string_value
+    try:
+        world = json.loads((where / "config.json").read_text())["mapping"]["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PackageError(
+            f"model {name}: {where} holds no TensorRT-LLM checkpoint config.json: repackage it "
+            "with trt-builder package --backend reference"
+        ) from None
+    missing = [r for r in range(int(world)) if not (where / f"rank{r}.safetensors").is_file()]
+    if missing:
+        raise PackageError(f"model {name}: {where} lacks rank{missing[0]}.safetensors")
 
 
 def _dims_agree(a: Sequence[int], b: Sequence[int]) -> bool:

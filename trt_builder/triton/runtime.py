@@ -22,6 +22,7 @@ class TritonRuntime:
     def __init__(self, url: str, *, model: str = "tensorrt_llm", timeout: float = 60.0) -> None:
 
         self.client_module, self.client, grpc = connect(url, model=model, timeout=timeout)
+        self.grpc = grpc
         self.model = model
         self.timeout = timeout
         self.teacher_forced = False
@@ -81,14 +82,16 @@ class TritonRuntime:
                         self.client_module.InferRequestedOutput(n)
                         for n in ("output_ids", "sequence_length")
                     ],
-                    client_timeout=self.timeout,
+                    # HTTP: the client's network_timeout (connect) bounds it instead
+                    **({"client_timeout": self.timeout} if self.grpc else {}),
                 )
             except Exception as exc:  # tritonclient's InferenceServerException and transport errors
                 raise TritonError(
                     f"Triton refused or timed out on a request to {self.model} ({exc})"
                 ) from None
             ids, length = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
-            out.append(trim(ids[0, 0, len(prompt) : int(length[0, 0])].tolist(), end_ids))
+            # exclude_input_in_output: the new tokens only, sequence_length of them
+            out.append(trim(ids[0, 0, : int(length[0, 0])].tolist(), end_ids))
         return out
 
     def _streamed(

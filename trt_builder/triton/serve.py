@@ -27,7 +27,8 @@ def serve_command(
     validate_repository(repository)
     try:
         info = json.loads((repository / INFO).read_text())
-        world = int(info["world_size"])
+        # the reference backend merges the ranks into one process; the engine needs one each
+        world = 1 if info.get("backend") == "reference" else int(info["world_size"])
         served = Path(info["engine_path"]).parents[2]  # <root>/<name>/tensorrt_llm/<N>/engine
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         raise PackageError(

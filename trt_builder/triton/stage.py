@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
-from .package import repository_options, shipped_engine, tokenizer_files
-from .repository import next_version, publish, write_repository
+from .package import backend, repository_options, shipped_engine, tokenizer_files
+from .repository import REFERENCE, next_version, publish, write_repository
 
 
 class PackageStage:
@@ -24,6 +24,8 @@ class PackageStage:
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         found = {f"hf/{p.name}": p for p in tokenizer_files(ctx)}
         found["checkpoint/config.json"] = ctx.layout.checkpoint / "config.json"
+        if backend(ctx) == "reference":  # it ships the checkpoint itself
+            found["checkpoint"] = ctx.layout.checkpoint
         engine = shipped_engine(ctx)
         if engine is not None:
             found["engine"] = engine
@@ -36,12 +38,21 @@ class PackageStage:
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         engine = shipped_engine(ctx)
         version = next_version(ctx.layout.triton)
-        write_repository(work, repository_options(ctx, version), tokenizer_files(ctx), engine)
+        options = repository_options(ctx, version)
+        reference = options.backend == "reference"
+        write_repository(work, options, tokenizer_files(ctx), engine,
+                         ctx.layout.checkpoint if reference else None)  # fmt: skip
+        note = None
+        if reference:
+            note = f"tensorrt_llm runs on the {REFERENCE}: serve it anywhere (trt-builder serve)"
+        elif engine is None:
+            note = "no engine yet: build it on a GPU host, then rerun package"
         return {
             "models": ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"],
             "version": version,
-            "engine_included": engine is not None,
-            "note": None if engine else "no engine yet: build it on a GPU host, then rerun package",
+            "backend": options.backend,
+            "engine_included": engine is not None and not reference,
+            "note": note,
         }
 
     def place(self, ctx: BuildContext, work: Path, link: Path) -> None:

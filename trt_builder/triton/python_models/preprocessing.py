@@ -60,6 +60,10 @@ def chat_environment():
     return env
 
 
+#: The roles a chat may have (the OpenAI chat roles chat templates are written for).
+ROLES = ("system", "user", "assistant", "tool")
+
+
 def parse_messages(text):
     """A chat as JSON: [{"role": ..., "content": ...}, ...]; ValueError says what is wrong."""
     try:
@@ -77,6 +81,10 @@ def parse_messages(text):
             or "content" not in message
         ):
             raise ValueError(f'messages[{i}] needs a "role" string and a "content"')
+        if message["role"] not in ROLES:
+            raise ValueError(
+                f"messages[{i}] has role {message['role']!r}: use one of {', '.join(ROLES)}"
+            )
     return messages
 
 

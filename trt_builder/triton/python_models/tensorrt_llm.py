@@ -1,0 +1,186 @@
+"""Triton python model `tensorrt_llm`: the reference backend. A PyTorch reference, not
+TensorRT-LLM: it executes the TensorRT-LLM checkpoint copied beside it with trt-builder's
+checkpoint runtime, behind the tensorrtllm backend's inputs, outputs and parameters, with
+in-flight batching (trt_builder.runtimes.batching). Written for trt-builder, for hosts where no
+engine exists.
+
+In a decoupled (streaming) repository requests join the running batch as they arrive, and each
+token is sent as it comes when the request asks to stream; otherwise the requests of one
+execute() call (Triton's dynamic batching) run together.
+"""
+
+import json
+import queue
+import threading
+from pathlib import Path
+
+import numpy as np
+
+TRUE = ("true", "1", "yes", "y", "t", "on")
+
+
+def words(value):
+    """TensorRT-LLM's [2, L] word list (flattened ids, then end offsets, -1 padded) as tuples."""
+    if value is None:
+        return ()
+    value = np.asarray(value).reshape(2, -1)
+    ids, offsets = value[0].tolist(), [int(o) for o in value[1].tolist() if o >= 0]
+    out, start = [], 0
+    for end in offsets:
+        if end > start:
+            out.append(tuple(int(i) for i in ids[start:end]))
+        start = end
+    return tuple(out)
+
+
+def scalar(inputs, name, kind, default):
+    value = inputs.get(name)
+    return default if value is None else kind(np.asarray(value).reshape(-1)[0])
+
+
+def make_request(inputs):
+    """A batching.Request and whether to stream, from one request's input arrays (by name)."""
+    from trt_builder.runtimes.batching import Request, Sampling
+
+    ids = np.asarray(inputs["input_ids"]).reshape(-1)
+    length = scalar(inputs, "input_lengths", int, ids.size)
+    sampling = Sampling(
+        top_k=scalar(inputs, "runtime_top_k", int, 0),
+        top_p=scalar(inputs, "runtime_top_p", float, 0.0),
+        temperature=scalar(inputs, "temperature", float, 1.0),
+        seed=scalar(inputs, "seed", int, 0),
+    )
+    request = Request(
+        prompt=tuple(int(i) for i in ids[:length]),
+        max_new_tokens=scalar(inputs, "request_output_len", int, 0),
+        end_id=scalar(inputs, "end_id", int, None),
+        stop_words=words(inputs.get("stop_words_list")),
+        bad_words=words(inputs.get("bad_words_list")),
+        sampling=sampling,
+    )
+    return request, scalar(inputs, "streaming", bool, False)
+
+
+INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id",
+          "runtime_top_k", "runtime_top_p", "temperature", "seed", "streaming",
+          "stop_words_list", "bad_words_list")  # fmt: skip
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+        import triton_python_backend_utils as pb_utils
+
+        from trt_builder.runtimes.batching import InflightBatcher
+        from trt_builder.runtimes.checkpoint import CheckpointRuntime
+
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        here = Path(args["model_repository"]) / args["model_version"]
+        device = params.get("device", "auto")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        runtime = CheckpointRuntime.load(here / params.get("checkpoint_dir", "checkpoint"), device)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.batcher = InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"]))
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.active = {}  # request id -> (sender or result queue, stream, tokens)
+        self.worker = threading.Thread(target=self._loop, daemon=True)
+        self.worker.start()
+
+    def _inputs(self, request):
+        import triton_python_backend_utils as pb_utils
+
+        found = {}
+        for name in INPUTS:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                found[name] = tensor.as_numpy()
+        return found
+
+    def _submit(self, request, target):
+        parsed, stream = make_request(self._inputs(request))
+        with self.lock:
+            rid = self.batcher.submit(parsed)
+            self.active[rid] = (target, stream, [])
+        self.wake.set()
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        if self.decoupled:
+            for request in requests:
+                sender = request.get_response_sender()
+                try:
+                    self._submit(request, sender)
+                except Exception as exc:  # a refused request: its own error, the rest go on
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+            return None
+        results = []
+        for request in requests:
+            done = queue.Queue()
+            try:
+                self._submit(request, done)
+            except Exception as exc:
+                done.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+            results.append(done)
+        return [done.get() for done in results]
+
+    @staticmethod
+    def _response(tokens):
+        import triton_python_backend_utils as pb_utils
+
+        ids = np.array([[tokens]], dtype=np.int32).reshape(1, 1, -1)
+        length = np.array([[len(tokens)]], dtype=np.int32)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", length)])  # fmt: skip
+
+    def _loop(self):
+        import triton_python_backend_utils as pb_utils
+
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        while not self.stopping:
+            with self.lock:
+                idle = self.batcher.idle
+            if idle:
+                self.wake.wait(timeout=0.5)
+                self.wake.clear()
+                continue
+            try:
+                with self.lock:
+                    events = self.batcher.step()
+                    updates = []
+                    for event in events:
+                        target, stream, tokens = self.active[event.request]
+                        tokens.append(event.token)
+                        if event.finished:
+                            del self.active[event.request]
+                        updates.append((event, target, stream, tokens))
+            except Exception as exc:  # the model itself failed: every running request hears it
+                with self.lock:
+                    failed, self.active = self.active, {}
+                    self.batcher.running.clear()
+                    self.batcher.waiting.clear()
+                for target, _, _ in failed.values():
+                    error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                    target.send(error, flags=final) if self.decoupled else target.put(error)
+                continue
+            for event, target, stream, tokens in updates:
+                if self.decoupled and stream:
+                    target.send(self._response([event.token]))
+                if not event.finished:
+                    continue
+                if not self.decoupled:
+                    target.put(self._response(tokens))
+                elif stream:
+                    target.send(flags=final)
+                else:
+                    target.send(self._response(tokens), flags=final)
+
+    def finalize(self):
+        self.stopping = True
+        self.wake.set()
+        self.worker.join(timeout=5)

@@ -1,0 +1,206 @@
+"""`trt-builder serve`: a real tritonserver on a repository trt-builder wrote, started, waited
+for until every model is ready (or the first one that fails to load is named), and stopped.
+
+The server is the NGC container's (`tritonserver` on PATH, or /opt/tritonserver) where there is
+one, else the one the nvidia-pytriton wheel ships (`pip install 'trt-builder[serve]'`: tritonserver
+2.51 with the Python backend, no tensorrtllm backend, so on such a host the repository needs the
+reference backend). The Python models run in this interpreter's environment: its directory goes
+first on PATH and its libpython's on LD_LIBRARY_PATH (the backend's stub links against it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import InputError, TritonError
+from .serve import serve_command
+
+#: The environment variable that names a tritonserver executable to use.
+EXECUTABLE_ENV = "TRT_BUILDER_TRITONSERVER"
+NGC = Path("/opt/tritonserver/bin/tritonserver")
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A tritonserver executable and, for the wheel's, the backends directory it needs."""
+
+    executable: Path
+    backends: Path | None  # None: the server's own default
+    source: str  # "env" | "path" | "ngc" | "pytriton"
+
+
+def _pytriton() -> Path | None:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+    return root if (root / "bin" / "tritonserver").is_file() else None
+
+
+def find_tritonserver() -> Binary | None:
+    """The tritonserver to run: $TRT_BUILDER_TRITONSERVER, PATH's, NGC's, or the wheel's."""
+    named = os.environ.get(EXECUTABLE_ENV)
+    if named:
+        return Binary(Path(named), None, "env")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Binary(Path(on_path), None, "path")
+    if NGC.is_file():
+        return Binary(NGC, None, "ngc")
+    root = _pytriton()
+    if root is not None:
+        return Binary(root / "bin" / "tritonserver", _wheel_backends(root), "pytriton")
+    return None
+
+
+def _wheel_backends(root: Path) -> Path:
+    """The wheel's backends with the Python backend's stub for this interpreter in place (the
+    wheel ships one stub per Python version beside them); a private copy where the wheel's
+    directory cannot be written."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise InputError(
+            f"nvidia-pytriton ships no Python backend stub for Python {version}: use Python "
+            "3.8-3.12, or the NGC container's tritonserver"
+        )
+    backends = root / "backends"
+    target = backends / "python" / stub.name
+    try:
+        if not target.is_file():
+            shutil.copy2(stub, target)
+        return backends
+    except OSError:
+        private = Path(tempfile.gettempdir()) / f"trt-builder-backends-{os.getuid()}"
+        if not (private / "python" / stub.name).is_file():
+            shutil.copytree(backends, private, dirs_exist_ok=True)
+            shutil.copy2(stub, private / "python" / stub.name)
+        return private
+
+
+def server_environment() -> dict[str, str]:
+    """The environment the Python models run in: this interpreter's (its bin first on PATH, its
+    libpython on the loader path)."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p
+        )
+    return env
+
+
+#: tritonserver's line for a model that failed to load, and its reason.
+_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.+?)(?:\"|$)")
+
+
+def load_failure(log: str) -> str | None:
+    """The first model that failed to load and why, from tritonserver's log, in one line."""
+    for line in log.splitlines():
+        match = _FAILED.search(line)
+        if match:
+            reason = match.group(2).replace("\\n", " ").split(" At: ")[0]
+            return f"model {match.group(1)} failed to load: {' '.join(reason.split())}"
+    return None
+
+
+@dataclass
+class Server:
+    """A running tritonserver; stop() ends it (SIGTERM, then SIGKILL after `grace` seconds)."""
+
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log: Path
+    binary: Binary
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"grpc://127.0.0.1:{self.grpc_port}"
+
+    def stop(self, grace: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start(
+    repository: Path,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    timeout: float = 300.0,
+    log: Path | None = None,
+) -> Server:
+    """Start tritonserver on `repository` (explicit model control, strict readiness) and wait
+    until every model is ready. TritonError naming the model and Triton's reason when one fails
+    to load; InputError when no tritonserver is installed."""
+    binary = find_tritonserver()
+    if binary is None:
+        raise InputError(
+            "no tritonserver here: use the NGC Triton container, or pip install "
+            "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
+        )
+    argv = serve_command(repository.resolve(), tritonserver=str(binary.executable),
+                         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)  # fmt: skip
+    if binary.backends is not None:
+        argv.insert(
+            argv.index(str(binary.executable)) + 1, f"--backend-directory={binary.backends}"
+        )
+    log = log or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                   env=server_environment(), start_new_session=True)  # fmt: skip
+    server = Server(process, http_port, grpc_port, log, binary)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = log.read_text(errors="replace")
+            raise TritonError(load_failure(text) or f"tritonserver exited with {process.returncode}: "
+                              f"{' | '.join(text.strip().splitlines()[-3:])} (log: {log})")  # fmt: skip
+        if _ready(server.http_url):
+            return server
+        time.sleep(0.5)
+    server.stop()
+    raise TritonError(
+        f"tritonserver was not ready after {timeout:g} s (log: {log}): raise --timeout"
+    )
