@@ -111,3 +111,30 @@ def test_bad_requests_are_refused_by_name() -> None:
         Sampling(temperature=0.0)
     with pytest.raises(InputError, match="top_p must be between 0 and 1"):
         Sampling(top_p=1.5)
+
+
+def test_top_k_one_is_greedy_whatever_top_p_says_and_top_k_keeps_exactly_k() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.0, 2.0, 2.0, -1.0])
+    for seed in range(50):
+        g = torch.Generator().manual_seed(seed)
+        assert sample(logits, Sampling(top_k=1, top_p=0.9, temperature=3.0), g) == 1
+    seen = set()
+    for seed in range(300):  # three tokens tie at the second place: two are kept, not four
+        g = torch.Generator().manual_seed(seed)
+        seen.add(sample(logits, Sampling(top_k=2, temperature=10.0), g))
+    assert len(seen) == 2 and 1 in seen
+
+
+@pytest.mark.gpu
+def test_the_batcher_runs_on_cuda_as_on_the_cpu(tiny_llama: Path, tmp_path: Path) -> None:
+    """Caches, pads and the sampling generator where the runtime is: the same tokens, greedy
+    and seeded, as on the CPU."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    convert_checkpoint(tiny_llama, ck, FloatMode("float32"))
+    requests = [Request(tuple(p), 6) for p in PROMPTS]
+    requests.append(
+        Request(tuple(PROMPTS[0]), 6, sampling=Sampling(top_k=20, temperature=2.0, seed=5))
+    )
+    cpu = generate(CheckpointRuntime.load(ck), requests, max_batch_size=3)
+    assert generate(CheckpointRuntime.load(ck, "cuda"), requests, max_batch_size=3) == cpu

@@ -178,3 +178,44 @@ def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
     )
     with pytest.raises(TritonError, match=r"model tensorrt_llm failed to load: .*tensorrtllm"):
         start(repository, timeout=120, **_ports(tmp_path / "server.log"))
+
+
+def test_the_reference_backend_refuses_what_it_cannot_run_before_it_joins_the_batch(
+    tiny: dict[str, Any],
+) -> None:
+    """Straight to tensorrt_llm (no preprocessing limits): a token outside the vocabulary, and
+    two prompts in one request, each refused alone while the others are served."""
+    import numpy as np
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(tiny["plain"].http_url.removeprefix("http://"))
+
+    def ask(ids: list[list[int]]) -> Any:
+        batch = np.array(ids, dtype=np.int32)
+        inputs = []
+        for name, value in (("input_ids", batch),
+                            ("input_lengths", np.full((len(ids), 1), batch.shape[1], np.int32)),
+                            ("request_output_len", np.full((len(ids), 1), 3, np.int32))):  # fmt: skip
+            item = http.InferInput(name, list(value.shape), "INT32")
+            item.set_data_from_numpy(value)
+            inputs.append(item)
+        return client.infer("tensorrt_llm", inputs)
+
+    with pytest.raises(Exception, match="token id 99999 is outside the vocabulary"):
+        ask([[5, 99999]])
+    with pytest.raises(Exception, match="one prompt per request"):
+        ask([[5, 17], [42, 99]])
+    ids = ask([[5, 17, 42]]).as_numpy("output_ids")
+    assert ids.reshape(-1).tolist() == tiny["runtime"].greedy([5, 17, 42], 3, set())
+
+
+def test_a_load_failure_is_named_in_one_line() -> None:
+    from trt_builder.triton.server import load_failure
+
+    log = ('E1201 model_lifecycle.cc:642] "failed to load \'tensorrt_llm\' version 1: Internal: '
+           'KeyError: \\"checkpoint_dir\\"\\n\\nAt:\\n  /r/tensorrt_llm/1/model.py(9): initialize\\n"')  # fmt: skip
+    assert (
+        load_failure(log)
+        == 'model tensorrt_llm failed to load: Internal: KeyError: "checkpoint_dir"'
+    )
+    assert load_failure("I1201 server.cc:1] all good") is None

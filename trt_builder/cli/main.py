@@ -349,6 +349,10 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     from ..triton.repository import INFO, REFERENCE
     from ..triton.server import start
 
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # also while it starts: start() stops what it began
     server = start(repository, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, timeout=timeout)  # fmt: skip
     try:
@@ -360,10 +364,6 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
               f"(tensorrt_llm: {what}; tritonserver from {server.binary.source}, log: "
               f"{escape(str(server.log))}); Ctrl-C stops it", soft_wrap=True)  # fmt: skip
 
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
     stopped = False
     try:
         while server.process.poll() is None:

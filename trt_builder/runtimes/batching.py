@@ -49,7 +49,8 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.top_k <= 1 and self.top_p == 0.0
+        """TensorRT-LLM's: top-k 1, or neither top-k nor top-p."""
+        return self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,16 @@ def _mask_bad_words(
 
 
 def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
-    """The next token from [vocab] logits."""
+    """The next token from [vocab] logits (sampled on the CPU, so that a seed gives the same
+    tokens on every host)."""
     if sampling.greedy:
         return int(torch.argmax(logits))
-    scores = logits.double() / sampling.temperature
-    if sampling.top_k > 1:
-        kth = torch.topk(scores, min(sampling.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+    scores = logits.detach().double().cpu() / sampling.temperature
+    if sampling.top_k > 1:  # exactly k kept, ties or not
+        keep = torch.topk(scores, min(sampling.top_k, scores.numel())).indices
+        kept = torch.full_like(scores, float("-inf"))
+        kept[keep] = scores[keep]
+        scores = kept
     if sampling.top_p > 0.0:
         ordered, order = torch.sort(scores, descending=True)
         probs = torch.softmax(ordered, dim=-1)
@@ -128,7 +132,7 @@ def _stack(caches: list[KVCache]) -> tuple[KVCache, list[int]]:
             for i in range(layers)]  # fmt: skip
     values = [torch.cat([F.pad(c.values[i], (0, 0, p, 0)) for c, p in zip(caches, pads, strict=True)])
               for i in range(layers)]  # fmt: skip
-    return KVCache(keys, values, torch.tensor(pads)), pads
+    return KVCache(keys, values, torch.tensor(pads, device=keys[0].device)), pads
 
 
 class InflightBatcher:

@@ -319,7 +319,10 @@ def write_repository(
         for path in sorted(source.iterdir()):
             if path.is_file() and path.name != "stage.json":
                 link_or_copy(path, work / "tensorrt_llm" / version / where / path.name)
-    info = {**asdict(opts), "engine_included": engine_dir is not None}
+    info = {
+        **asdict(opts),
+        "engine_included": engine_dir is not None and opts.backend != "reference",
+    }
     (work / INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     validate_repository(work)
 

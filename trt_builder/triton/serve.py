@@ -20,6 +20,7 @@ def serve_command(
     http_port: int = 8000,
     grpc_port: int = 8001,
     metrics_port: int = 8002,
+    model_repository: Path | None = None,
 ) -> list[str]:
     """argv that serves `repository`: explicit model control, strict readiness, exit on error;
     `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
@@ -29,7 +30,8 @@ def serve_command(
         info = json.loads((repository / INFO).read_text())
         # the reference backend merges the ranks into one process; the engine needs one each
         world = 1 if info.get("backend") == "reference" else int(info["world_size"])
-        served = Path(info["engine_path"]).parents[2]  # <root>/<name>/tensorrt_llm/<N>/engine
+        # as the serving container sees it (<root>/<name>/tensorrt_llm/<N>/engine), unless given
+        served = model_repository or Path(info["engine_path"]).parents[2]
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         raise PackageError(
             f"{repository} has no readable {INFO}: repackage it with trt-builder package"

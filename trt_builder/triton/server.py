@@ -61,8 +61,8 @@ def find_tritonserver() -> Binary | None:
     if NGC.is_file():
         return Binary(NGC, None, "ngc")
     root = _pytriton()
-    if root is not None:
-        return Binary(root / "bin" / "tritonserver", _wheel_backends(root), "pytriton")
+    if root is not None:  # its Python-backend stub is put in place when it starts
+        return Binary(root / "bin" / "tritonserver", root / "backends", "pytriton")
     return None
 
 
@@ -74,8 +74,8 @@ def _wheel_backends(root: Path) -> Path:
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise InputError(
-            f"nvidia-pytriton ships no Python backend stub for Python {version}: use Python "
-            "3.8-3.12, or the NGC container's tritonserver"
+            f"nvidia-pytriton ships no Python backend stub for Python {version}: use a Python "
+            "it ships a stub for, or the NGC container's tritonserver"
         )
     backends = root / "backends"
     target = backends / "python" / stub.name
@@ -84,7 +84,7 @@ def _wheel_backends(root: Path) -> Path:
             shutil.copy2(stub, target)
         return backends
     except OSError:
-        private = Path(tempfile.gettempdir()) / f"trt-builder-backends-{os.getuid()}"
+        private = Path(tempfile.gettempdir()) / f"trt-builder-backends-{os.getuid()}-py{version}"
         if not (private / "python" / stub.name).is_file():
             shutil.copytree(backends, private, dirs_exist_ok=True)
             shutil.copy2(stub, private / "python" / stub.name)
@@ -105,7 +105,7 @@ def server_environment() -> dict[str, str]:
 
 
 #: tritonserver's line for a model that failed to load, and its reason.
-_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.+?)(?:\"|$)")
+_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.+?)(?<!\\)\"?$")
 
 
 def load_failure(log: str) -> str | None:
@@ -113,7 +113,7 @@ def load_failure(log: str) -> str | None:
     for line in log.splitlines():
         match = _FAILED.search(line)
         if match:
-            reason = match.group(2).replace("\\n", " ").split(" At: ")[0]
+            reason = match.group(2).replace("\\n", " ").replace('\\"', '"').split(" At: ")[0]
             return f"model {match.group(1)} failed to load: {' '.join(reason.split())}"
     return None
 
@@ -138,12 +138,12 @@ class Server:
         return f"grpc://127.0.0.1:{self.grpc_port}"
 
     def stop(self, grace: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        if self.process.poll() is None:  # the group: mpirun's ranks, the backends' stubs
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         return self.process.returncode
 
@@ -181,26 +181,38 @@ def start(
             "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
         )
     argv = serve_command(repository.resolve(), tritonserver=str(binary.executable),
-                         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)  # fmt: skip
-    if binary.backends is not None:
-        argv.insert(
-            argv.index(str(binary.executable)) + 1, f"--backend-directory={binary.backends}"
-        )
-    log = log or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+                         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                         model_repository=repository.resolve())  # fmt: skip
+    if binary.source == "pytriton":
+        backends = _wheel_backends(binary.executable.parents[1])
+        argv.insert(argv.index(str(binary.executable)) + 1, f"--backend-directory={backends}")
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                    env=server_environment(), start_new_session=True)  # fmt: skip
     server = Server(process, http_port, grpc_port, log, binary)
+    try:
+        _wait_ready(server, timeout)
+    except BaseException:  # a refusal, a timeout, Ctrl-C: never leave it running
+        server.stop()
+        raise
+    return server
+
+
+def _wait_ready(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            text = log.read_text(errors="replace")
-            raise TritonError(load_failure(text) or f"tritonserver exited with {process.returncode}: "
-                              f"{' | '.join(text.strip().splitlines()[-3:])} (log: {log})")  # fmt: skip
+        if server.process.poll() is not None:
+            text = server.log.read_text(errors="replace")
+            raise TritonError(load_failure(text) or f"tritonserver exited with "
+                              f"{server.process.returncode}: "
+                              f"{' | '.join(text.strip().splitlines()[-3:])} (log: {server.log})")  # fmt: skip
         if _ready(server.http_url):
-            return server
+            return
         time.sleep(0.5)
-    server.stop()
     raise TritonError(
-        f"tritonserver was not ready after {timeout:g} s (log: {log}): raise --timeout"
+        f"tritonserver was not ready after {timeout:g} s (log: {server.log}): raise --timeout"
     )

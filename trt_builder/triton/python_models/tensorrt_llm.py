@@ -16,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-TRUE = ("true", "1", "yes", "y", "t", "on")
-
 
 def words(value):
     """TensorRT-LLM's [2, L] word list (flattened ids, then end offsets, -1 padded) as tuples."""
@@ -38,12 +36,24 @@ def scalar(inputs, name, kind, default):
     return default if value is None else kind(np.asarray(value).reshape(-1)[0])
 
 
-def make_request(inputs):
-    """A batching.Request and whether to stream, from one request's input arrays (by name)."""
+def make_request(inputs, vocab_size):
+    """A batching.Request and whether to stream, from one request's input arrays (by name);
+    ValueError for what the model cannot run, before it joins the batch."""
     from trt_builder.runtimes.batching import Request, Sampling
 
-    ids = np.asarray(inputs["input_ids"]).reshape(-1)
+    ids = np.asarray(inputs["input_ids"])
+    if ids.ndim > 1 and ids.shape[0] > 1:
+        raise ValueError(
+            f"one prompt per request: this one holds {ids.shape[0]} (send them as separate requests)"
+        )
+    ids = ids.reshape(-1)
     length = scalar(inputs, "input_lengths", int, ids.size)
+    used = [int(i) for i in ids[:length]]
+    for name in ("bad_words_list", "stop_words_list"):
+        used += [int(i) for word in words(inputs.get(name)) for i in word]
+    bad = [i for i in used if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
     sampling = Sampling(
         top_k=scalar(inputs, "runtime_top_k", int, 0),
         top_p=scalar(inputs, "runtime_top_p", float, 0.0),
@@ -81,6 +91,7 @@ class TritonPythonModel:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         runtime = CheckpointRuntime.load(here / params.get("checkpoint_dir", "checkpoint"), device)
+        self.vocab_size = int(runtime.config["vocab_size"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.batcher = InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"]))
         self.lock = threading.Lock()
@@ -101,7 +112,7 @@ class TritonPythonModel:
         return found
 
     def _submit(self, request, target):
-        parsed, stream = make_request(self._inputs(request))
+        parsed, stream = make_request(self._inputs(request), self.vocab_size)
         with self.lock:
             rid = self.batcher.submit(parsed)
             self.active[rid] = (target, stream, [])
@@ -138,10 +149,37 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", length)])  # fmt: skip
 
-    def _loop(self):
+    def _fail(self, targets, message):
+        """Answer requests with an error (their last response)."""
+        import triton_python_backend_utils as pb_utils
+
+        for target in targets:
+            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            try:
+                if self.decoupled:
+                    target.send(error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    target.put(error)
+            except Exception:  # its client is gone: nothing more to tell it
+                pass
+
+    def _send(self, event, target, stream, tokens):
+        """The responses one event makes: a streamed token, the final one."""
         import triton_python_backend_utils as pb_utils
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.decoupled and stream:
+            target.send(self._response([event.token]))
+        if not event.finished:
+            return
+        if not self.decoupled:
+            target.put(self._response(tokens))
+        elif stream:
+            target.send(flags=final)
+        else:
+            target.send(self._response(tokens), flags=final)
+
+    def _loop(self):
         while not self.stopping:
             with self.lock:
                 idle = self.batcher.idle
@@ -164,23 +202,22 @@ class TritonPythonModel:
                     failed, self.active = self.active, {}
                     self.batcher.running.clear()
                     self.batcher.waiting.clear()
-                for target, _, _ in failed.values():
-                    error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-                    target.send(error, flags=final) if self.decoupled else target.put(error)
+                self._fail([target for target, _, _ in failed.values()], str(exc))
                 continue
             for event, target, stream, tokens in updates:
-                if self.decoupled and stream:
-                    target.send(self._response([event.token]))
-                if not event.finished:
-                    continue
-                if not self.decoupled:
-                    target.put(self._response(tokens))
-                elif stream:
-                    target.send(flags=final)
-                else:
-                    target.send(self._response(tokens), flags=final)
+                try:
+                    self._send(event, target, stream, tokens)
+                except Exception:  # a client that went away: drop its request, serve the rest
+                    with self.lock:
+                        self.active.pop(event.request, None)
+                        self.batcher.running = [
+                            r for r in self.batcher.running if r.id != event.request
+                        ]
 
     def finalize(self):
         self.stopping = True
         self.wake.set()
         self.worker.join(timeout=5)
+        with self.lock:
+            pending, self.active = self.active, {}
+        self._fail([target for target, _, _ in pending.values()], "the model is being unloaded")
