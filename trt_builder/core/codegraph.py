@@ -307,9 +307,21 @@ def code_digest(module: str, root: Path = PACKAGE) -> str:
     every = set(g.paths.values())
     for folder in sorted(folders):
         files.update(_data_files(folder, every))
+    named = [(path.relative_to(root).as_posix(), path) for path in sorted(files)]
+    named += [(path.name, path) for path in sorted(extra)]
     h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    for path in sorted(extra):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in named:
+        h.update(name.encode() + b"\0" + _file_digest(path, *_stamp(path)).encode() + b"\0")
     return h.hexdigest()
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@cache
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+    """One source file's sha256, read once per process while its size and mtime hold (every
+    stage of every build digests the same files)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
