@@ -118,9 +118,8 @@ _OUTPUTS = (
 def _contract(release: str, evidence: str, dated_by: str, repo: str, prefix: str,
               version: str, template_version: str, seed_at: Source) -> Contract:  # fmt: skip
     template = Source(repo, prefix + _TEMPLATE, template_version)
-    seed = seed_at
     inputs = tuple(
-        TensorSpec(n, t, d, o, seed if n == "seed" else template) for n, t, d, o in _INPUTS
+        TensorSpec(n, t, d, o, seed_at if n == "seed" else template) for n, t, d, o in _INPUTS
     )
     outputs = tuple(TensorSpec(n, t, d, o, template) for n, t, d, o in _OUTPUTS)
     return Contract(release, evidence, dated_by, _parameters(repo, prefix, version), inputs,
@@ -182,3 +181,21 @@ def required_parameters() -> dict[str, str]:
         for p in contract.parameters:
             out.setdefault(p.name, p.value)
     return out
+
+
+Tensor = tuple[str, str, tuple[int, ...], bool]  # (name, data type, dims, optional)
+
+
+def common_tensors(kind: str) -> tuple[Tensor, ...]:
+    """The `tensorrt_llm` model's inputs or outputs (`kind`) as every pinned release reads
+    them (the same name, type, dims and optionality in each): what the repository declares."""
+    per_release = [getattr(c, kind) for c in CONTRACTS.values()]
+    first = per_release[0]
+    shared = [s for s in first if all(s.name in {o.name for o in other} for other in per_release)]
+    out = []
+    for spec in shared:
+        same = [next(o for o in other if o.name == spec.name) for other in per_release]
+        if all((o.data_type, o.dims, o.optional) == (spec.data_type, spec.dims, spec.optional)
+               for o in same):  # fmt: skip
+            out.append((spec.name, spec.data_type, spec.dims, spec.optional))
+    return tuple(out)

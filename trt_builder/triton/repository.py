@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import PackageError
 from ..core.fsio import link_or_copy, replace_symlink
-from .conformance import required_parameters
+from .conformance import common_tensors, required_parameters
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -40,24 +40,10 @@ PREPROCESSING_OUT: tuple[Tensor, ...] = (
     ("STOP_WORDS_IDS", "TYPE_INT32", (2, -1), False),
     ("BAD_WORDS_IDS", "TYPE_INT32", (2, -1), False),
 )
-TRTLLM_IN: tuple[Tensor, ...] = (
-    ("input_ids", "TYPE_INT32", (-1,), False),
-    ("input_lengths", "TYPE_INT32", (1,), False),
-    ("request_output_len", "TYPE_INT32", (1,), False),
-    ("end_id", "TYPE_INT32", (1,), True),
-    ("pad_id", "TYPE_INT32", (1,), True),
-    ("runtime_top_k", "TYPE_INT32", (1,), True),
-    ("runtime_top_p", "TYPE_FP32", (1,), True),
-    ("temperature", "TYPE_FP32", (1,), True),
-    ("seed", "TYPE_UINT64", (1,), True),  # the backend reads "seed" (conformance.py)
-    ("streaming", "TYPE_BOOL", (1,), True),
-    ("stop_words_list", "TYPE_INT32", (2, -1), True),
-    ("bad_words_list", "TYPE_INT32", (2, -1), True),
-)
-TRTLLM_OUT: tuple[Tensor, ...] = (
-    ("output_ids", "TYPE_INT32", (-1, -1), False),
-    ("sequence_length", "TYPE_INT32", (-1,), False),
-)
+#: The tensorrt_llm model's tensors, as the backend of every pinned release reads them
+#: (conformance.py, from upstream's source: the seed is "seed", input_ids optional as there).
+TRTLLM_IN: tuple[Tensor, ...] = common_tensors("inputs")
+TRTLLM_OUT: tuple[Tensor, ...] = common_tensors("outputs")
 POSTPROCESSING_IN: tuple[Tensor, ...] = (
     ("TOKENS_BATCH", "TYPE_INT32", (-1, -1), False),
     ("SEQUENCE_LENGTH", "TYPE_INT32", (-1,), False),
