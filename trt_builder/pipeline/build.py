@@ -26,7 +26,7 @@ from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
 from ..models.registry import family_for
-from ..source import hub
+from ..source.fetch import config_alone
 from ..source.files import read_hf_config
 from ..source.resolve import resolve_source
 from ..source.stage import FetchStage
@@ -122,28 +122,21 @@ def prepare(spec: BuildSpec, *, force: bool = False, offline: bool | None = None
     return ctx
 
 
-def early_config(ctx: BuildContext) -> dict[str, Any] | None:
-    """The model's config.json before fetch, where it can be had alone: a local directory's, a
-    hub model's (downloaded by itself). None for a GGUF file (its config exists only after
-    dequantization) and once hf/ is fetched."""
-    if ctx.source.kind == "local":
-        return read_hf_config(Path(ctx.source.ref))
-    if ctx.source.kind == "hub" and not ctx.layout.hf.is_dir():
-        return read_hf_config(
-            hub.config_dir(ctx.source.ref, ctx.source.revision, offline=ctx.offline)
-        )
-    return None
+def refuse_unbuildable(hf_config: dict[str, Any], tp: int, pp: int) -> None:
+    """Refuse an unsupported architecture, or a tp/pp the model cannot be split into."""
+    family = family_for(hf_config)
+    if tp * pp > 1:
+        check_mapping(family.config(hf_config), tp, pp)
 
 
 def check_model_early(ctx: BuildContext) -> None:
-    """Refuse an unsupported architecture or an impossible tp/pp before any work, from the
-    model's config.json alone (convert checks a GGUF file's once it is dequantized)."""
-    hf_config = early_config(ctx)
-    if hf_config is None:
-        return
-    family = family_for(hf_config)
-    if ctx.spec.tp * ctx.spec.pp > 1:
-        check_mapping(family.config(hf_config), ctx.spec.tp, ctx.spec.pp)
+    """Refuse an unbuildable model before any work, from its config.json alone: a local
+    directory's, or a hub model's before its weights are fetched (a GGUF file's is checked by
+    convert: reading even its metadata costs importing transformers on every run)."""
+    source = ctx.source
+    if source.kind == "local" or (source.kind == "hub" and not ctx.layout.hf.is_dir()):
+        config = config_alone(source.kind, source.ref, source.revision, offline=ctx.offline)
+        refuse_unbuildable(config, ctx.spec.tp, ctx.spec.pp)
 
 
 def _missing_inputs(stage: Stage, ctx: BuildContext) -> list[Path]:

@@ -4,33 +4,23 @@ anything is fetched or built: a local directory's (no weights needed, none read)
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from ..checkpoint.mapping import check_mapping
 from ..engine.memplan import MemoryPlan, resolve_limits
-from ..models.registry import family_for
-from ..source import hub
-from ..source.fetch import gguf_config
-from ..source.files import read_hf_config
+from ..source.fetch import config_alone
+from ..source.hub import resolve_hub_revision
 from ..source.resolve import classify
 from ..spec.build import BuildSpec
+from .build import refuse_unbuildable
 
 
 def model_config(spec: BuildSpec, *, offline: bool | None = None) -> dict[str, Any]:
     """The HF config of the spec's model, read alone (a local model's weights are neither read
     nor hashed); refuses an unsupported architecture or a tp/pp it cannot take."""
     kind, ref, _ = classify(spec.model, spec.revision)
-    if kind == "local":
-        config = read_hf_config(Path(ref))
-    elif kind == "hub":
-        sha = hub.resolve_hub_revision(ref, spec.revision, offline=offline)
-        config = read_hf_config(hub.config_dir(ref, sha, offline=offline))
-    else:
-        config = gguf_config(Path(ref))
-    family = family_for(config)
-    if spec.tp * spec.pp > 1:
-        check_mapping(family.config(config), spec.tp, spec.pp)
+    sha = resolve_hub_revision(ref, spec.revision, offline=offline) if kind == "hub" else None
+    config = config_alone(kind, ref, sha, offline=offline)
+    refuse_unbuildable(config, spec.tp, spec.pp)
     return config
 
 

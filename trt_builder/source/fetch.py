@@ -17,8 +17,9 @@ from .files import (
     check_weight_files,
     matches,
     model_files,
+    read_hf_config,
 )
-from .hub import hub_offline, network_errors
+from .hub import config_dir, hub_offline, network_errors
 from .resolve import ModelSource
 
 
@@ -171,3 +172,16 @@ def fetch_model(
         details = fetch_hub(source.ref, source.revision, work, allow_pickle, offline)
     (work / "source.json").write_text(json.dumps(source.to_json(), indent=2, sort_keys=True) + "\n")
     return {"source": source.to_json(), **details}
+
+
+def config_alone(
+    kind: str, ref: str, sha: str | None, *, offline: bool | None = None
+) -> dict[str, Any]:
+    """A model's config.json without its weights: a local directory's, a hub model's at `sha`
+    (downloaded by itself), a GGUF file's (from its metadata, as fetch would write it)."""
+    if kind == "local":
+        return read_hf_config(Path(ref))
+    if kind == "hub":
+        assert sha is not None
+        return read_hf_config(config_dir(ref, sha, offline=offline))
+    return gguf_config(Path(ref))
