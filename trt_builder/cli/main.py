@@ -341,7 +341,6 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     Example:
       trt-builder serve triton_repo/smollm2-135m-instruct-b179c952-int8-sq-tp1-pp1
     """
-    import json as _json
     import signal
     import subprocess
 
@@ -356,7 +355,7 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     server = start(repository, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, timeout=timeout)  # fmt: skip
     try:
-        info = _json.loads((repository / INFO).read_text())
+        info = json.loads((repository / INFO).read_text())
     except (OSError, ValueError):
         info = {}
     what = REFERENCE if info.get("backend") == "reference" else "TensorRT-LLM engine"

@@ -86,12 +86,12 @@ def engine_config(ctx: BuildContext, engine: Path | None) -> dict[str, Any]:
     return config
 
 
-def backend(ctx: BuildContext) -> str:
+def backend(ctx: BuildContext, engine: Path | None) -> str:
     """The tensorrt_llm model's backend: [triton] backend, where "auto" is the engine when one
-    was built from this checkpoint, else the reference backend (the checkpoint in PyTorch)."""
+    was built from this checkpoint (`engine`, shipped_engine's), else the reference backend."""
     chosen = ctx.spec.triton.backend
     if chosen == "auto":
-        return "tensorrtllm" if shipped_engine(ctx) is not None else "reference"
+        return "tensorrtllm" if engine is not None else "reference"
     return chosen
 
 
@@ -100,9 +100,10 @@ def repository_options(ctx: BuildContext, version: int) -> RepositoryOptions:
     the spec's [triton] table."""
     triton = ctx.spec.triton
     root = triton.serve_root or str(ctx.layout.triton_root.resolve())
-    kind = backend(ctx)
+    engine = shipped_engine(ctx)
+    kind = backend(ctx, engine)
     options = options_from_engine(
-        engine_config(ctx, shipped_engine(ctx) if kind == "tensorrtllm" else None),
+        engine_config(ctx, engine if kind == "tensorrtllm" else None),
         engine_path=f"{root}/{ctx.layout.triton_name}/tensorrt_llm/{version}/engine",
         version=version,
         decoupled=triton.streaming,

@@ -24,9 +24,9 @@ class PackageStage:
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         found = {f"hf/{p.name}": p for p in tokenizer_files(ctx)}
         found["checkpoint/config.json"] = ctx.layout.checkpoint / "config.json"
-        if backend(ctx) == "reference":  # it ships the checkpoint itself
-            found["checkpoint"] = ctx.layout.checkpoint
         engine = shipped_engine(ctx)
+        if backend(ctx, engine) == "reference":  # it ships the checkpoint itself
+            found["checkpoint"] = ctx.layout.checkpoint
         if engine is not None:
             found["engine"] = engine
         return found
