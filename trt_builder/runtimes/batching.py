@@ -2,14 +2,14 @@
 every decoding step, each with its own KV cache, so that a long request does not hold up short
 ones (what TensorRT-LLM's batch manager does for an engine).
 
-A request is prefilled alone when it joins (its prompt through the model, its first token from
-the last logits). Every step then decodes one token for every running request in one batched
-forward: the requests' caches are left-padded to the longest and stacked, the padding hidden by
-the runtime's mask, and each request keeps its own cache back, one token longer. A request
-leaves the batch when it produces its end id, completes a stop word, or reaches its
-`max_new_tokens`. Sampling follows TensorRT-LLM's request parameters: greedy for top_k 0 or 1
-with top_p 0, else temperature, then top-k, then top-p, drawn from a generator seeded per
-request; bad words are masked before sampling.
+A request is prefilled alone when it joins, in a step of its own (its prompt through the model,
+its first token from the last logits, sent at once). Every other step decodes one token for
+every running request in one batched forward: the requests' caches are left-padded to the
+longest and stacked, the padding hidden by the runtime's mask, and each request keeps its own
+cache back, one token longer. A request leaves the batch when it produces its end id, completes
+a stop word, or reaches its `max_new_tokens`. Sampling follows TensorRT-LLM's request
+parameters: greedy for top_k 0 or 1 with top_p 0, else temperature, then top-k, then top-p,
+drawn from a generator seeded per request; bad words are masked before sampling.
 
 This is the reference backend's engine (a PyTorch reference, not TensorRT-LLM): what it computes
 is the checkpoint runtime's arithmetic, so a greedy answer equals CheckpointRuntime.greedy's.
@@ -88,7 +88,6 @@ class _Running:
     cache: KVCache
     tokens: list[int]
     generator: torch.Generator
-    logits: torch.Tensor  # [vocab]: the next token's
 
 
 def _mask_bad_words(
@@ -158,16 +157,10 @@ class InflightBatcher:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
-    @torch.inference_mode()
-    def _prefill(self, rid: int, request: Request) -> _Running:
-        cache = KVCache()
-        logits = self.runtime.forward(torch.tensor(request.prompt), cache)[-1]
-        generator = torch.Generator().manual_seed(request.sampling.seed)
-        return _Running(rid, request, cache, [], generator, logits)
-
-    def _choose(self, run: _Running) -> Event:
+    def _choose(self, run: _Running, logits: torch.Tensor) -> Event:
+        """The request's next token from its [vocab] logits, and whether it is done."""
         request = run.request
-        logits = run.logits.clone()
+        logits = logits.clone()
         _mask_bad_words(logits, [*request.prompt, *run.tokens], request.bad_words)
         token = sample(logits, request.sampling, run.generator)
         run.tokens.append(token)
@@ -181,21 +174,30 @@ class InflightBatcher:
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
-        """Admit waiting requests (prefill), choose every running request's next token, and run
-        one batched forward for the ones that go on; the tokens chosen, in running order."""
-        while self.waiting and len(self.running) < self.max_batch_size:
-            self.running.append(self._prefill(*self.waiting.popleft()))
-        events = [self._choose(run) for run in self.running]
-        going = [run for run, e in zip(self.running, events, strict=True) if not e.finished]
-        if going:
-            batch, pads = _stack([run.cache for run in going])
-            ids = torch.tensor([[run.tokens[-1]] for run in going])
-            logits = self.runtime.forward(ids, batch)[:, -1]
-            for row, (run, pad) in enumerate(zip(going, pads, strict=True)):
-                run.cache = KVCache([k[row : row + 1, :, pad:] for k in batch.keys],
-                                    [v[row : row + 1, :, pad:] for v in batch.values])  # fmt: skip
-                run.logits = logits[row]
-        self.running = going
+        """One step: admit the first waiting request if the batch has room (its prompt through
+        the model, its first token chosen at once, so that a joining request's first token
+        waits for no other's prefill), else decode one token for every running request in one
+        batched forward. The tokens chosen, in running order."""
+        if self.waiting and len(self.running) < self.max_batch_size:
+            rid, request = self.waiting.popleft()
+            generator = torch.Generator().manual_seed(request.sampling.seed)
+            run = _Running(rid, request, KVCache(), [], generator)
+            logits = self.runtime.forward(torch.tensor(request.prompt), run.cache, last=True)
+            event = self._choose(run, logits[-1])
+            if not event.finished:
+                self.running.append(run)
+            return [event]
+        if not self.running:
+            return []
+        batch, pads = _stack([run.cache for run in self.running])
+        ids = torch.tensor([[run.tokens[-1]] for run in self.running])
+        logits = self.runtime.forward(ids, batch)[:, -1]
+        events = []
+        for row, (run, pad) in enumerate(zip(self.running, pads, strict=True)):
+            run.cache = KVCache([k[row : row + 1, :, pad:] for k in batch.keys],
+                                [v[row : row + 1, :, pad:] for v in batch.values])  # fmt: skip
+            events.append(self._choose(run, logits[row]))
+        self.running = [r for r, e in zip(self.running, events, strict=True) if not e.finished]
         return events
 
     def run(self) -> Iterator[Event]:

@@ -274,11 +274,14 @@ class CheckpointRuntime:
         *,
         pad: torch.Tensor | None = None,
         hidden: list[torch.Tensor] | None = None,
+        last: bool = False,
     ) -> torch.Tensor:
         """Logits (float32) for `ids` appended after what `cache` holds: [tokens, vocab] for
-        one sequence of [tokens], [batch, tokens, vocab] for a batch. A batch is left-padded:
-        `pad` (on the first call) gives each sequence's count of padding tokens. `hidden`, if
-        given, receives the residual stream after each layer, then the final norm's output."""
+        one sequence of [tokens], [batch, tokens, vocab] for a batch; with `last`, for the last
+        token alone (a prefill needs no more, and lm_head is a fifth of the model). A batch is
+        left-padded: `pad` (on the first call) gives each sequence's count of padding tokens.
+        `hidden`, if given, receives the residual stream after each layer, then the final
+        norm's output."""
         cache = cache if cache is not None else KVCache()
         single = ids.dim() == 1
         ids = (ids[None] if single else ids).to(self.device)
@@ -303,6 +306,8 @@ class CheckpointRuntime:
         x = self._norm(x, "transformer.ln_f")
         if hidden is not None:
             hidden.append(x[0] if single else x)
+        if last:
+            x = x[:, -1:]
         logits = (x @ self._dense["lm_head.weight"].T).float()
         return logits[0] if single else logits
 
