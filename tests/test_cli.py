@@ -444,3 +444,12 @@ def test_output_options_are_read_from_the_command_not_from_the_raw_arguments(
     out, err = capsys.readouterr()
     assert json.loads(out) == {"ok": False, "exit_code": 3, "error": err.splitlines()[-1][7:]}
     assert "Traceback" in err
+
+
+def test_infer_without_a_server_or_a_prompt_names_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["infer", "--url", "http://127.0.0.1:9", "--prompt", "x", "--timeout", "2"]) == 3
+    assert "cannot reach Triton at http://127.0.0.1:9" in capsys.readouterr().err
+    assert main(["infer", "--url", "http://127.0.0.1:9"]) == 3
+    assert "give one of --prompt and --messages" in capsys.readouterr().err

@@ -68,23 +68,6 @@ def test_an_unreachable_triton_server_is_a_one_line_error() -> None:
         TritonRuntime("grpc://127.0.0.1:9", timeout=1.0)
 
 
-def test_a_streaming_deployment_is_verified_over_the_grpc_stream() -> None:
-    """A decoupled tensorrt_llm model (a stand-in gRPC server, tests/standins/triton_grpc.py,
-    that counts up from the prompt's last id): the streamed ids are gathered to the final
-    response and cut at the end id."""
-    from standins.triton_grpc import StandInStreamingTriton
-
-    server = StandInStreamingTriton()
-    try:
-        runtime = TritonRuntime(server.url, timeout=5.0)
-        assert runtime.decoupled
-        assert runtime.greedy_batch([[5, 6], [40]], 3, {100}) == [[7, 8, 9], [41, 42, 43]]
-        assert runtime.greedy_batch([[5, 6]], 3, {8}) == [[7, 8]]
-        assert "streaming" in server.service.requests[-1]
-    finally:
-        server.shutdown()
-
-
 @pytest.mark.trtllm
 @pytest.mark.gpu
 def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:

@@ -54,7 +54,25 @@ def tiny(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         start(streaming, **_ports(root / "b.log")) as b,
     ):
         yield {"plain": a, "streaming": b, "runtime": runtime, "hf": build.layout.hf,
-               "repository": plain}  # fmt: skip
+               "repository": plain, "streaming_repository": streaming}  # fmt: skip
+
+
+def _ids_request(module: Any, ids: list[int], tokens: int, **extra: Any) -> list[Any]:
+    """Inputs of one request straight to the tensorrt_llm model (no end id: it runs `tokens`)."""
+    import numpy as np
+
+    values = {"input_ids": np.array([ids], np.int32),
+              "input_lengths": np.array([[len(ids)]], np.int32),
+              "request_output_len": np.array([[tokens]], np.int32),
+              **{k: np.array([[v]]) for k, v in extra.items()}}  # fmt: skip
+    inputs = []
+    for name, value in values.items():
+        item = module.InferInput(
+            name, list(value.shape), "BOOL" if value.dtype == bool else "INT32"
+        )
+        item.set_data_from_numpy(value)
+        inputs.append(item)
+    return inputs
 
 
 def test_the_reference_backend_answers_as_the_checkpoint_runtime(tiny: dict[str, Any]) -> None:
@@ -67,6 +85,9 @@ def test_the_reference_backend_answers_as_the_checkpoint_runtime(tiny: dict[str,
         assert TritonRuntime(url).greedy_batch(PROMPTS, 12, {2}) == want, url
     streamed = TritonRuntime(tiny["streaming"].grpc_url)
     assert streamed.decoupled and streamed.greedy_batch(PROMPTS, 12, {2}) == want
+    # the streamed ids are gathered to the final response and cut at the end id
+    end = want[0][2]
+    assert streamed.greedy_batch(PROMPTS[:1], 12, {end}) == [want[0][: want[0].index(end) + 1]]
 
 
 def test_verify_passes_against_the_served_repository(
@@ -102,6 +123,45 @@ def test_the_ensemble_answers_text_and_streams_the_same_text(
     pieces = "".join(tokenizer.decode([t], skip_special_tokens=True)
                      for t in tiny["runtime"].greedy(ids, 6, {2}))  # fmt: skip
     assert streamed == pieces
+    assert main(["infer", "--url", tiny["streaming"].grpc_url, "--prompt", prompt, "--max-tokens",
+                 "6", "--stream"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == pieces + "\n"  # printed as they came, then a newline
+
+
+def test_infer_sends_what_the_ensemble_declares_and_the_seed_is_honoured(
+    tiny: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sampling options and the seed through the real ensemble (Triton refuses an input it
+    does not declare): one seed gives one answer, other seeds others."""
+    url = tiny["plain"].http_url
+
+    def sampled(seed: int) -> str:
+        assert main(["infer", "--url", url, "--prompt", "Ünïcode prompt", "--max-tokens", "12",
+                     "--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed",
+                     str(seed), "--json"]) == 0  # fmt: skip
+        return str(json.loads(capsys.readouterr().out)["text"])
+
+    first = sampled(7)
+    assert sampled(7) == first
+    assert len({first, *(sampled(seed) for seed in (1, 2, 3))}) > 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--model", "other"], 12, "Request for unknown model: 'other'"),
+        (["--stream"], 3, "--stream needs a gRPC URL"),
+    ],
+)
+def test_infer_errors_are_one_line_with_their_exit_code(
+    tiny: dict[str, Any], capsys: pytest.CaptureFixture[str], args: list[str], code: int,
+    message: str,
+) -> None:  # fmt: skip
+    url = tiny["plain"].http_url
+    assert main(["infer", "--url", url, "--prompt", "x", *args]) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert main(["infer", "--url", url, "--prompt", "still there?", "--max-tokens", "2"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -169,6 +229,66 @@ def test_the_default_model_in_int8_serves_its_chat_template(
     assert text == tokenizer.decode(want, skip_special_tokens=True) and "100" in text
 
 
+@pytest.fixture(scope="module")
+def default_variants(
+    smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Any, Path]]:
+    """SmolLM2-135M-Instruct built from its fetched directory: float16 (plain), and int8 with
+    the INT8 KV cache (streaming); the build result and the repository of each."""
+    root = tmp_path_factory.mktemp("variants")
+    return {
+        "float16": _package(smollm2_hf, root, dtype="float16"),
+        "int8-kv8": _package(
+            smollm2_hf, root, dtype="int8", kv_cache="int8", **{"triton.streaming": True}
+        ),  # fmt: skip
+    }
+
+
+CHATS = [
+    [{"role": "user", "content": "What is the boiling point of water?"}],
+    [{"role": "system", "content": "Answer in one word."},
+     {"role": "user", "content": "What colour is the sky?"}],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["float16", "int8-kv8"])
+def test_the_default_model_serves_in_float16_and_with_the_int8_kv_cache(
+    default_variants: dict[str, tuple[Any, Path]], smollm2_hf: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], variant: str,
+) -> None:  # fmt: skip
+    """Each repository loads, and answers chats (the model's own template) as the checkpoint
+    runtime answers them; in float16 also as transformers does in float16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    result, repository = default_variants[variant]
+    config = json.loads((result.layout.checkpoint / "config.json").read_text())
+    want_kv = "INT8" if variant == "int8-kv8" else None
+    assert config["quantization"]["kv_cache_quant_algo"] == want_kv
+    tokenizer = AutoTokenizer.from_pretrained(repository / "preprocessing" / "tokenizer")
+    runtime = CheckpointRuntime.load(result.layout.checkpoint)
+    hf = None
+    if variant == "float16":
+        hf = AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float16)
+    stream = ["--stream"] if variant == "int8-kv8" else []
+    with start(repository, **_ports(tmp_path / "server.log")) as server:
+        for chat in CHATS:
+            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            want = runtime.greedy(ids, 12, {tokenizer.eos_token_id})
+            if hf is not None:
+                out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+                assert out[0, len(ids) : len(ids) + len(want)].tolist() == want
+            assert main(["infer", "--url", server.grpc_url, "--messages", json.dumps(chat),
+                         "--max-tokens", "12", "--json", *stream]) == 0  # fmt: skip
+            text = json.loads(capsys.readouterr().out)["text"]
+            if stream:  # pieces decoded one token at a time
+                expected = "".join(tokenizer.decode([t], skip_special_tokens=True) for t in want)
+            else:
+                expected = tokenizer.decode(want, skip_special_tokens=True)
+            assert text == expected and text.strip()
+
+
 def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
     tiny: dict[str, Any], tmp_path: Path, tiny_llama: Path
 ) -> None:
@@ -219,3 +339,165 @@ def test_a_load_failure_is_named_in_one_line() -> None:
         == 'model tensorrt_llm failed to load: Internal: KeyError: "checkpoint_dir"'
     )
     assert load_failure("I1201 server.cc:1] all good") is None
+
+
+def test_a_request_past_its_timeout_is_an_error_and_the_server_goes_on(
+    tiny: dict[str, Any],
+) -> None:
+    """1000 tokens with no end id cannot come within 0.2 s: the client gives up with a one-line
+    error (gRPC's deadline), and the next request is served."""
+    late = TritonRuntime(tiny["plain"].grpc_url, timeout=0.2)
+    with pytest.raises(TritonError, match="refused or timed out.*Deadline Exceeded"):
+        late.greedy_batch([[5, 17, 42]], 1000, {-1})
+    want = tiny["runtime"].greedy([5, 17, 42], 4, set())
+    assert TritonRuntime(tiny["plain"].grpc_url).greedy_batch([[5, 17, 42]], 4, {-1}) == [want]
+
+
+#: Eight different prompts, for requests that run together.
+TEXTS = ["The quick brown fox", "Once upon a time", "The capital of France is", "List three colours",
+         "How do plants make food", "Write about the sea", "A compiler is", "Water boils at"]  # fmt: skip
+
+
+def test_32_concurrent_clients_each_get_the_answer_a_lone_request_gets(
+    tiny: dict[str, Any],
+) -> None:
+    """32 at once over HTTP (the plain repository) and over gRPC streams (the streaming one):
+    the in-flight batch gives each the answer it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trt_builder.triton.client import Request, generate, stream
+
+    http, grpc = tiny["plain"].http_url, tiny["streaming"].grpc_url
+
+    def plain(text: str) -> str:
+        return generate(http, Request(prompt=text, max_tokens=12))
+
+    def streamed(text: str) -> str:
+        return "".join(stream(grpc, Request(prompt=text, max_tokens=12)))
+
+    texts = [TEXTS[i % len(TEXTS)] for i in range(32)]
+    for ask in (plain, streamed):
+        alone = {text: ask(text) for text in TEXTS}
+        with ThreadPoolExecutor(32) as pool:
+            together = list(pool.map(ask, texts))
+        assert together == [alone[text] for text in texts], ask.__name__
+        assert len(set(alone.values())) > 1  # the prompts are told apart
+
+
+def test_in_a_plain_repository_a_short_request_finishes_while_a_long_one_runs(
+    tiny: dict[str, Any],
+) -> None:
+    """In-flight batching without streaming: a request that arrives while a long one runs
+    joins the batch and is answered before the long one ends; `streaming` is refused there,
+    in the tensorrtllm backend's words."""
+    import threading
+    import time
+
+    import tritonclient.http as http
+
+    url = tiny["plain"].http_url.removeprefix("http://")
+    done: dict[str, float] = {}
+
+    def ask(name: str, tokens: int) -> None:
+        client = http.InferenceServerClient(url, network_timeout=120)
+        client.infer("tensorrt_llm", _ids_request(http, [5, 17, 42], tokens))
+        done[name] = time.monotonic()
+
+    long = threading.Thread(target=ask, args=("long", 1000))
+    long.start()
+    time.sleep(0.5)  # the long request is running
+    ask("short", 3)
+    assert long.is_alive() and "long" not in done
+    long.join()
+    client = http.InferenceServerClient(url)
+    with pytest.raises(Exception, match="Streaming is only supported if model is deployed using"):
+        client.infer("tensorrt_llm", _ids_request(http, [5, 17], 3, streaming=True))
+
+
+def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_after(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """SIGKILL to tritonserver while a gRPC stream runs: the client's error says the stream
+    broke off; the backends' stubs go with the server; a new server on the same ports serves."""
+    import os
+    import signal
+    import time
+
+    import tritonclient.grpc as grpc
+
+    from trt_builder.triton.client import stream_results
+
+    repository, ports = tiny["streaming_repository"], _ports(tmp_path / "first.log")
+    server = start(repository, **ports)
+    client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+    results = stream_results(client, "tensorrt_llm",
+                             _ids_request(grpc, [5, 17, 42], 1000, streaming=True), timeout=30)  # fmt: skip
+    next(results)  # the first token came
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    with pytest.raises(TritonError, match="broke off: the server stopped or restarted"):
+        for _ in results:
+            pass
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the stubs notice their server is gone and exit
+        try:
+            os.killpg(server.process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the Python backend's stubs outlived their server")
+    with start(repository, **{**ports, "log": tmp_path / "again.log"}) as again:
+        want = tiny["runtime"].greedy([5, 17, 42], 6, {2})
+        assert TritonRuntime(again.grpc_url).greedy_batch([[5, 17, 42]], 6, {2}) == [want]
+
+
+def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """`package` publishes version 2 of a served repository; Server.reload (what serve does when
+    the link moves) loads it through Triton's model-control API while four clients keep asking:
+    every answer is the right one, and every model is then at version 2."""
+    import threading
+    import urllib.request
+
+    from trt_builder.triton.client import Request, generate
+
+    _, repository = _package(tiny_llama, tmp_path, dtype="float32")
+    with start(repository, **_ports(tmp_path / "server.log")) as server:
+        want = generate(server.http_url, Request(prompt="The quick brown fox", max_tokens=8))
+        answers: list[str] = []
+        failures: list[str] = []
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    answers.append(generate(server.http_url,
+                                            Request(prompt="The quick brown fox", max_tokens=8)))  # fmt: skip
+                except Exception as exc:
+                    failures.append(str(exc))
+
+        clients = [threading.Thread(target=client) for _ in range(4)]
+        for c in clients:
+            c.start()
+        try:
+            assert server.reload() is None  # nothing new yet
+            _package(tiny_llama, tmp_path, dtype="float32",
+                     **{"triton.kv_cache_free_gpu_mem_fraction": 0.8})  # fmt: skip
+            before = len(answers)
+            assert server.reload() == 2
+            after = len(answers)
+        finally:
+            stop.set()
+            for c in clients:
+                c.join()
+        index = urllib.request.Request(f"{server.http_url}/v2/repository/index", data=b"{}")
+        with urllib.request.urlopen(index) as answer:
+            ready = {(m["name"], m["version"]) for m in json.loads(answer.read())
+                     if m.get("state") == "READY"}  # fmt: skip
+    assert not failures, failures[:3]
+    assert after > before > 0 and set(answers) == {want}
+    assert ready == {
+        (m, "2") for m in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
+    }

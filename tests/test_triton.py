@@ -11,7 +11,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trt_builder.core.errors import PackageError
 from trt_builder.triton.repository import (
-    ENSEMBLE_IN,
     RepositoryOptions,
     validate_repository,
     write_repository,
@@ -465,66 +464,3 @@ def test_options_follow_the_engine_config() -> None:
     with pytest.raises(PackageError, match="lacks what the repository needs.*rebuild the engine"):
         options_from_engine({"pretrained_config": {}}, engine_path="/e", version=1,
                             decoupled=False, kv_cache_free_gpu_mem_fraction=0.9)  # fmt: skip
-
-
-def test_infer_through_a_stand_in_server(capsys: pytest.CaptureFixture[str]) -> None:
-    """The client's request path (readiness, inputs, timeout) against a stand-in Triton that
-    runs no model (tests/standins/triton_http.py)."""
-    from standins.triton_http import StandInTriton
-
-    from trt_builder.cli.main import main
-
-    server = StandInTriton()
-    try:
-        assert main(["infer", "--url", server.url, "--prompt", "Ünïcode prompt", "--max-tokens", "5",
-                     "--temperature", "0.5", "--seed", "7", "--json"]) == 0  # fmt: skip
-        out = json.loads(capsys.readouterr().out)
-        assert out["text"] == "[stand-in] 5 tokens for: Ünïcode prompt"
-        sent = server.requests[-1]
-        assert sent["max_tokens"] == [5] and sent["temperature"] == [0.5] and "stream" not in sent
-        # every input sent is one the ensemble declares, with its type: the seed as "seed"
-        declared = {name: dtype.removeprefix("TYPE_") for name, dtype, _, _ in ENSEMBLE_IN}
-        assert sent["seed"] == [7] and set(sent) <= set(declared)
-        chat = [{"role": "user", "content": "hi"}]
-        assert main(["infer", "--url", server.url, "--messages", json.dumps(chat)]) == 0
-        assert json.loads(server.requests[-1]["messages"][0]) == chat
-        assert "[stand-in] 64 tokens for" in capsys.readouterr().out
-        # errors: one line, exit code, the fix named
-        assert main(["infer", "--url", server.url, "--prompt", "x", "--model", "other"]) == 3
-        assert "model other is not ready" in capsys.readouterr().err
-        assert main(["infer", "--url", server.url, "--prompt", "x", "--stream"]) == 3
-        assert "--stream needs a gRPC URL" in capsys.readouterr().err
-        assert main(["infer", "--url", server.url]) == 3
-        assert "give one of --prompt and --messages" in capsys.readouterr().err
-    finally:
-        server.shutdown()
-    slow = StandInTriton(slow=3.0)
-    try:
-        code = main(["infer", "--url", slow.url, "--prompt", "x", "--timeout", "1"])
-        assert code == 12 and "timed out" in capsys.readouterr().err.lower()
-    finally:
-        slow.shutdown()
-    assert main(["infer", "--url", "http://127.0.0.1:9", "--prompt", "x", "--timeout", "2"]) == 3
-    assert "cannot reach Triton" in capsys.readouterr().err
-
-
-def test_streaming_infer_through_a_stand_in_grpc_server(capsys: pytest.CaptureFixture[str]) -> None:
-    """--stream over gRPC against a stand-in decoupled server (tests/standins/triton_grpc.py):
-    the pieces are printed as they come, the empty final response ends the stream."""
-    from standins.triton_grpc import StandInStreamingTriton
-
-    from trt_builder.cli.main import main
-
-    server = StandInStreamingTriton()
-    try:
-        code = main(["infer", "--url", server.url, "--prompt", "Hello", "--max-tokens", "3",
-                     "--stream", "--json"])  # fmt: skip
-        out = capsys.readouterr().out
-        assert code == 0, out
-        assert json.loads(out)["text"] == "[stand-in] piece 1 piece 2 piece 3"
-        assert server.text("text_input") == "Hello" and "stream" in server.service.requests[-1]
-        assert main(["infer", "--url", server.url, "--prompt", "Hi", "--max-tokens", "2",
-                     "--stream"]) == 0  # fmt: skip
-        assert capsys.readouterr().out == "[stand-in] piece 1 piece 2\n"
-    finally:
-        server.shutdown()

@@ -335,7 +335,8 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
               timeout: float) -> None:  # fmt: skip
     """Serve a repository trt-builder wrote with a real tritonserver (the NGC container's, or
     the nvidia-pytriton wheel's: trt-builder[serve]) until Ctrl-C or SIGTERM. Explicit model
-    control, strict readiness; a model that fails to load is named with Triton's reason.
+    control, strict readiness; a model that fails to load is named with Triton's reason. A
+    version that `package` publishes while it serves is loaded, the old one serving meanwhile.
 
     \b
     Example:
@@ -345,7 +346,7 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     import subprocess
 
     from ..core.errors import TritonError
-    from ..triton.repository import INFO, REFERENCE
+    from ..triton.repository import INFO, REFERENCE, current_version
     from ..triton.server import start
 
     def stop(signum: int, frame: Any) -> None:
@@ -369,7 +370,15 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
             try:
                 server.process.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
+                pass
+            try:  # a version `package` published since: load it while this one serves
+                loaded = server.reload()
+            except TritonError as exc:
+                err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
+                server.version = current_version(repository)  # not retried every second
                 continue
+            if loaded is not None:
+                err.print(f"version {loaded} of {escape(str(repository))} loaded")
     except KeyboardInterrupt:
         stopped = True
     finally:

@@ -36,9 +36,11 @@ _SAMPLING = {"temperature": "FP32", "top_p": "FP32", "top_k": "INT32", "seed": "
 _NUMPY = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_}
 
 
-def connect(url: str, *, model: str = "ensemble", timeout: float = 60.0) -> tuple[Any, Any, bool]:
-    """(tritonclient module, client, grpc?) for a server whose `model` is ready; InputError
-    naming the fix otherwise. http(s):// URLs speak HTTP, anything else gRPC."""
+def connect(url: str, *, timeout: float = 60.0) -> tuple[Any, Any, bool]:
+    """(tritonclient module, client, grpc?) for a live server; InputError naming the fix
+    otherwise. http(s):// URLs speak HTTP, anything else gRPC. The model's readiness is not
+    asked first: while a new version loads Triton reports the ensemble not ready, yet serves it
+    (the old version answers); a model Triton does not serve gets Triton's own refusal."""
     grpc = not url.startswith(("http://", "https://"))
     try:
         if grpc:
@@ -56,15 +58,13 @@ def connect(url: str, *, model: str = "ensemble", timeout: float = 60.0) -> tupl
                 url=target, connection_timeout=timeout, network_timeout=timeout,
                 ssl=url.startswith("https://"),
             )  # fmt: skip
-        ready = client.is_server_ready() and client.is_model_ready(model)
+        live = client.is_server_live()
     except Exception as exc:  # tritonclient's own errors and transport errors
         raise InputError(
             f"cannot reach Triton at {url} ({exc}): start the server or fix --url"
         ) from None
-    if not ready:
-        raise InputError(
-            f"model {model} is not ready on {url}: load it (explicit model control) and retry"
-        )
+    if not live:
+        raise InputError(f"Triton at {url} is not live: look at its log")
     return module, client, grpc
 
 
@@ -98,7 +98,7 @@ def _text(result: Any) -> str:
 
 def generate(url: str, request: Request, *, model: str = "ensemble", timeout: float = 60.0) -> str:
     """The ensemble's answer to one request (a non-decoupled repository)."""
-    module, client, grpc = connect(url, model=model, timeout=timeout)
+    module, client, grpc = connect(url, timeout=timeout)
     outputs = [
         module.InferRequestedOutput("text_output", **({} if grpc else {"binary_data": False}))
     ]
@@ -121,7 +121,7 @@ def stream(
         raise InputError(
             "--stream needs a gRPC URL (grpc://HOST:8001): tritonclient streams over gRPC"
         )
-    module, client, _ = connect(url, model=model, timeout=timeout)
+    module, client, _ = connect(url, timeout=timeout)
     for result in stream_results(client, model, _inputs(module, request, True), timeout=timeout):
         if result.as_numpy("text_output") is not None:
             yield _text(result)
@@ -140,6 +140,12 @@ def stream_results(client: Any, model: str, inputs: list[Any], *, timeout: float
             except queue.Empty:
                 raise TritonError(f"no response from {model} within {timeout:g} s") from None
             if error is not None:
+                status = str(getattr(error, "status", lambda: "")() or "")
+                if status.endswith(("UNAVAILABLE", "CANCELLED")):  # the server went away
+                    raise TritonError(
+                        f"the stream from {model} broke off: the server stopped or restarted "
+                        f"({error}); send the request again once it serves"
+                    )
                 raise TritonError(f"Triton refused the request to {model}: {error}")
             yield result
             final = result.get_response().parameters.get("triton_final_response")

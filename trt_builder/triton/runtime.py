@@ -21,7 +21,7 @@ class TritonRuntime:
 
     def __init__(self, url: str, *, model: str = "tensorrt_llm", timeout: float = 60.0) -> None:
 
-        self.client_module, self.client, grpc = connect(url, model=model, timeout=timeout)
+        self.client_module, self.client, grpc = connect(url, timeout=timeout)
         self.grpc = grpc
         self.model = model
         self.timeout = timeout

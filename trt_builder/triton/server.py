@@ -1,5 +1,8 @@
 """`trt-builder serve`: a real tritonserver on a repository trt-builder wrote, started, waited
 for until every model is ready (or the first one that fails to load is named), and stopped.
+The server is given the repository's link (`<triton_root>/<name>`), not the version it points
+to, so that a version `package` publishes later is loaded through Triton's model-control API
+(Server.reload) while the current one serves.
 
 The server is the NGC container's (`tritonserver` on PATH, or /opt/tritonserver) where there is
 one, else the one the nvidia-pytriton wheel ships (`pip install 'trt-builder[serve]'`: tritonserver
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import InputError, TritonError
+from .repository import current_version
 from .serve import serve_command
 
 #: The environment variable that names a tritonserver executable to use.
@@ -127,6 +131,8 @@ class Server:
     grpc_port: int
     log: Path
     binary: Binary
+    repository: Path | None = None  # the link served, as given
+    version: int | None = None  # the published version loaded
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -146,6 +152,32 @@ class Server:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         return self.process.returncode
+
+    def reload(self, timeout: float = 300.0) -> int | None:
+        """Load the version the repository's link points to now, if it is not the one loaded:
+        one explicit `load` of the ensemble, which makes Triton poll it and its composing
+        models (each keeps serving its old version until the new one is ready). The version
+        loaded, or None when nothing changed; TritonError with Triton's reason if it failed
+        (the version that was serving still serves)."""
+        version = None if self.repository is None else current_version(self.repository)
+        if version is None or version == self.version:
+            return None
+        url = f"{self.http_url}/v2/repository/models/ensemble/load"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
+                                        timeout=timeout):  # fmt: skip
+                pass
+        except urllib.error.HTTPError as exc:
+            reason = exc.read().decode(errors="replace")
+            raise TritonError(
+                f"version {version} of {self.repository} failed to load ({reason}); "
+                f"version {self.version} still serves (log: {self.log})"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise TritonError(f"tritonserver did not answer the load of version {version} "
+                              f"({exc}; log: {self.log})") from None  # fmt: skip
+        self.version = version
+        return version
 
     def __enter__(self) -> Server:
         return self
@@ -180,9 +212,10 @@ def start(
             "no tritonserver here: use the NGC Triton container, or pip install "
             "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
         )
-    argv = serve_command(repository.resolve(), tritonserver=str(binary.executable),
-                         http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                         model_repository=repository.resolve())  # fmt: skip
+    served = repository.absolute()  # the link itself: reload() follows it
+    argv = serve_command(served, tritonserver=str(binary.executable), http_port=http_port,
+                         grpc_port=grpc_port, metrics_port=metrics_port,
+                         model_repository=served)  # fmt: skip
     if binary.source == "pytriton":
         backends = _wheel_backends(binary.executable.parents[1])
         argv.insert(argv.index(str(binary.executable)) + 1, f"--backend-directory={backends}")
@@ -193,7 +226,7 @@ def start(
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                    env=server_environment(), start_new_session=True)  # fmt: skip
-    server = Server(process, http_port, grpc_port, log, binary)
+    server = Server(process, http_port, grpc_port, log, binary, served, current_version(served))
     try:
         _wait_ready(server, timeout)
     except BaseException:  # a refusal, a timeout, Ctrl-C: never leave it running

@@ -4,13 +4,13 @@ checkpoint runtime, behind the tensorrtllm backend's inputs, outputs and paramet
 in-flight batching (trt_builder.runtimes.batching). Written for trt-builder, for hosts where no
 engine exists.
 
-In a decoupled (streaming) repository requests join the running batch as they arrive, and each
-token is sent as it comes when the request asks to stream; otherwise the requests of one
-execute() call (Triton's dynamic batching) run together.
+Requests join the running batch as they arrive, in streaming (decoupled) repositories and in
+the others: execute() returns at once and the answers go through each request's response
+sender. In a decoupled repository each token is sent as it comes when the request asks to
+stream; a non-decoupled one refuses `streaming`, as the tensorrtllm backend does.
 """
 
 import json
-import queue
 import threading
 from pathlib import Path
 
@@ -91,13 +91,16 @@ class TritonPythonModel:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         runtime = CheckpointRuntime.load(here / params.get("checkpoint_dir", "checkpoint"), device)
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm: trt-builder's reference backend (PyTorch, not TensorRT-LLM) on {device}"
+        )
         self.vocab_size = int(runtime.config["vocab_size"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.batcher = InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"]))
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
-        self.active = {}  # request id -> (sender or result queue, stream, tokens)
+        self.active = {}  # request id -> (response sender, stream, tokens)
         self.worker = threading.Thread(target=self._loop, daemon=True)
         self.worker.start()
 
@@ -111,34 +114,32 @@ class TritonPythonModel:
                 found[name] = tensor.as_numpy()
         return found
 
-    def _submit(self, request, target):
+    def _submit(self, request, sender):
         parsed, stream = make_request(self._inputs(request), self.vocab_size)
+        if stream and not self.decoupled:  # the tensorrtllm backend's refusal, in its words
+            raise ValueError(
+                "Streaming is only supported if model is deployed using decoupled mode "
+                "(package the repository with [triton] streaming = true)"
+            )
         with self.lock:
             rid = self.batcher.submit(parsed)
-            self.active[rid] = (target, stream, [])
+            self.active[rid] = (sender, stream, [])
         self.wake.set()
 
     def execute(self, requests):
+        """Hand each request to the batch and return at once, in both transaction policies:
+        the answers go through each request's response sender (a non-decoupled model may use
+        it for its one response), so requests join the running batch as they arrive."""
         import triton_python_backend_utils as pb_utils
 
-        if self.decoupled:
-            for request in requests:
-                sender = request.get_response_sender()
-                try:
-                    self._submit(request, sender)
-                except Exception as exc:  # a refused request: its own error, the rest go on
-                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
-                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
-            return None
-        results = []
         for request in requests:
-            done = queue.Queue()
+            sender = request.get_response_sender()
             try:
-                self._submit(request, done)
-            except Exception as exc:
-                done.put(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
-            results.append(done)
-        return [done.get() for done in results]
+                self._submit(request, sender)
+            except Exception as exc:  # a refused request: its own error, the rest go on
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+        return None
 
     @staticmethod
     def _response(tokens):
@@ -149,35 +150,28 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", length)])  # fmt: skip
 
-    def _fail(self, targets, message):
+    def _fail(self, senders, message):
         """Answer requests with an error (their last response)."""
         import triton_python_backend_utils as pb_utils
 
-        for target in targets:
+        for sender in senders:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             try:
-                if self.decoupled:
-                    target.send(error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                else:
-                    target.put(error)
+                sender.send(error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:  # its client is gone: nothing more to tell it
                 pass
 
-    def _send(self, event, target, stream, tokens):
+    def _send(self, event, sender, stream, tokens):
         """The responses one event makes: a streamed token, the final one."""
         import triton_python_backend_utils as pb_utils
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if self.decoupled and stream:
-            target.send(self._response([event.token]))
-        if not event.finished:
-            return
-        if not self.decoupled:
-            target.put(self._response(tokens))
-        elif stream:
-            target.send(flags=final)
-        else:
-            target.send(self._response(tokens), flags=final)
+        if stream:
+            sender.send(self._response([event.token]))
+            if event.finished:
+                sender.send(flags=final)
+        elif event.finished:
+            sender.send(self._response(tokens), flags=final)
 
     def _loop(self):
         while not self.stopping:
@@ -192,21 +186,21 @@ class TritonPythonModel:
                     events = self.batcher.step()
                     updates = []
                     for event in events:
-                        target, stream, tokens = self.active[event.request]
+                        sender, stream, tokens = self.active[event.request]
                         tokens.append(event.token)
                         if event.finished:
                             del self.active[event.request]
-                        updates.append((event, target, stream, tokens))
+                        updates.append((event, sender, stream, tokens))
             except Exception as exc:  # the model itself failed: every running request hears it
                 with self.lock:
                     failed, self.active = self.active, {}
                     self.batcher.running.clear()
                     self.batcher.waiting.clear()
-                self._fail([target for target, _, _ in failed.values()], str(exc))
+                self._fail([sender for sender, _, _ in failed.values()], str(exc))
                 continue
-            for event, target, stream, tokens in updates:
+            for event, sender, stream, tokens in updates:
                 try:
-                    self._send(event, target, stream, tokens)
+                    self._send(event, sender, stream, tokens)
                 except Exception:  # a client that went away: drop its request, serve the rest
                     with self.lock:
                         self.active.pop(event.request, None)
@@ -220,4 +214,4 @@ class TritonPythonModel:
         self.worker.join(timeout=5)
         with self.lock:
             pending, self.active = self.active, {}
-        self._fail([target for target, _, _ in pending.values()], "the model is being unloaded")
+        self._fail([sender for sender, _, _ in pending.values()], "the model is being unloaded")
