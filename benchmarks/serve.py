@@ -3,7 +3,7 @@ at a time, same model, same server, same run.
 
 Builds the embedded SmolLM2-135M-Instruct in float16 with a streaming repository (or uses
 --repository), serves it (`trt-builder serve`'s library), then sends the same `--requests`
-prompts over gRPC streams twice: one request at a time, then `--clients` at once. Prints
+prompts, each as a user's chat message, over gRPC streams twice: one request at a time, then `--clients` at once. Prints
 output tokens/s and the p50/p95 time to first token of each, and the throughput ratio.
 
     .venv/bin/python benchmarks/serve.py [--clients 8] [--requests 16] [--tokens 64] [--workdir DIR]
@@ -49,7 +49,9 @@ def free_port() -> int:
 
 
 def one_request(url: str, prompt: str, tokens: int) -> tuple[float, float, int]:
-    """(seconds to the first token, seconds in all, tokens) of one streamed ensemble request."""
+    """(seconds to the first token, seconds in all, tokens) of one streamed ensemble request: the
+    prompt as a user's chat message, which the repository renders with the model's chat template
+    (an instruct model answers raw text with its end token at once, a benchmark of prefills)."""
     import tritonclient.grpc as grpc
 
     client = grpc.InferenceServerClient(url)
@@ -59,8 +61,9 @@ def one_request(url: str, prompt: str, tokens: int) -> tuple[float, float, int]:
         callback=lambda result, error: pieces.put((result, error, time.perf_counter()))
     )
 
-    text = grpc.InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
+    chat = json.dumps([{"role": "user", "content": prompt}])
+    text = grpc.InferInput("messages", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[chat.encode()]], dtype=object))
     limit = grpc.InferInput("max_tokens", [1, 1], "INT32")
     limit.set_data_from_numpy(np.array([[tokens]], dtype=np.int32))
     stream = grpc.InferInput("stream", [1, 1], "BOOL")
@@ -132,6 +135,7 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-serve-bench-"))
     if args.workdir is None:
         atexit.register(shutil.rmtree, work, True)
+    work.mkdir(parents=True, exist_ok=True)
     repository = args.repository
     if repository is None:
         config = work / "spec.toml"
