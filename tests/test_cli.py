@@ -453,3 +453,66 @@ def test_infer_without_a_server_or_a_prompt_names_the_fix(
     assert "cannot reach Triton at http://127.0.0.1:9" in capsys.readouterr().err
     assert main(["infer", "--url", "http://127.0.0.1:9"]) == 3
     assert "give one of --prompt and --messages" in capsys.readouterr().err
+
+
+def test_sq_alpha_auto_is_the_default_it_is_documented_as(
+    tiny_llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--sq-alpha auto` is accepted (plan reads the config alone); a number outside 0..1 and a
+    word are refused by the option with exit 2, naming what it takes."""
+    assert (
+        main(
+            ["plan", "--model", str(tiny_llama), "--dtype", "int8", "--sq-alpha", "auto", "--json"]
+        )
+        == 0
+    )
+    assert (
+        main(["plan", "--model", str(tiny_llama), "--dtype", "int8", "--sq-alpha", "0.6", "--json"])
+        == 0
+    )
+    capsys.readouterr()
+    for bad, message in (("1.5", "1.5 is not between 0 and 1"), ("half", "neither 'auto' nor")):
+        assert main(["plan", "--model", str(tiny_llama), "--dtype", "int8", "--sq-alpha", bad]) == 2
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags", [["--dtype", "int8"], ["--dtype", "int8-wo"], ["--kv-cache", "int8"]]
+)
+def test_int8_for_an_sm_100_target_is_refused_before_any_work(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    """TensorRT-LLM's builder refuses INT8 on SM 100-119: build and plan refuse B200 first,
+    and write nothing; float16 for B200 plans."""
+    out = tmp_path / "engines"
+    for command in (
+        ["build", "--model", str(tiny_llama), "--out", str(out)],
+        ["plan", "--model", str(tiny_llama)],
+    ):
+        assert main([*command, "--target-gpu", "B200", *flags]) == 2  # a spec error
+        err = capsys.readouterr().err
+        assert "B200 is SM 100, where TensorRT-LLM builds no INT8" in err
+        assert "use --dtype float16 or bfloat16" in err and "Traceback" not in err
+    assert not out.exists()
+    assert (
+        main(["plan", "--model", str(tiny_llama), "--target-gpu", "B200", "--dtype", "float16"])
+        == 0
+    )
+
+
+def test_qwen3_smoothquant_is_refused_before_any_work(
+    tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Upstream's SmoothQuant attention has no q/k norm: Qwen3 with --dtype int8 is refused from
+    its config.json alone (no fetch, no calibration), int8-wo offered instead."""
+    from tiny_models import make_tiny
+
+    model, out = tmp_path / "qwen3", tmp_path / "engines"
+    make_tiny("qwen3", model, tokenizer_dir)
+    assert main(["build", "--model", str(model), "--dtype", "int8", "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "SmoothQuant is not supported for Qwen3ForCausalLM yet: use --dtype int8-wo" in err
+    assert not any(out.rglob("*.safetensors"))  # nothing fetched
+    assert main(["plan", "--model", str(model), "--dtype", "int8"]) != 0
+    assert "SmoothQuant is not supported for Qwen3ForCausalLM" in capsys.readouterr().err
+    assert main(["plan", "--model", str(model), "--dtype", "int8-wo"]) == 0

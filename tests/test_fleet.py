@@ -116,6 +116,9 @@ model = "org/m"
          "revision is a branch, tag or commit sha (a string)"),
         ('[tolerance]\ntop1 = { absolute = "x" }\n' + BASE, "with numbers"),
         ("[tolerance]\ntop1 = true\n" + BASE, "tolerance.top1 is a number"),
+        # the builder refuses INT8 on SM 100-119: the night refuses the entry before any work
+        (BASE.replace('"float16"', '"int8"\n  target_gpu = "B200"'),
+         "models[0].variants[0]: --target-gpu B200 is SM 100, where TensorRT-LLM builds no INT8"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_is_refused_with_its_place_and_the_fix(

@@ -18,6 +18,26 @@ from ..spec.modes import DTYPE_CHOICES
 F = Callable[..., Any]
 
 
+class _Alpha(click.ParamType):
+    """`auto` or a number from 0 to 1 (the spec's int8.alpha)."""
+
+    name = "auto|0..1"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float | str:
+        if isinstance(value, float) or value == "auto":
+            return value
+        try:
+            alpha = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'auto' nor a number", param, ctx)
+        if not 0.0 <= alpha <= 1.0:
+            self.fail(f"{alpha} is not between 0 and 1", param, ctx)
+        return alpha
+
+
+ALPHA = _Alpha()
+
+
 class Duration(click.ParamType):
     """Seconds, or a number with s, m, h or d: 90m, 4h, 7d."""
 
@@ -61,7 +81,10 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         help="KV cache precision: the model dtype (default) or int8 (calibrated; with any --dtype).",
     ),
     click.option(
-        "--sq-alpha", type=float, help="SmoothQuant alpha for --dtype int8 (default 0.5)."
+        "--sq-alpha",
+        type=ALPHA,
+        help="SmoothQuant alpha for --dtype int8: auto (default: searched on the calibration "
+        "corpus) or a number from 0 to 1.",
     ),
     click.option(
         "--sq-granularity",

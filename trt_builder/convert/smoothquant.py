@@ -35,7 +35,7 @@ from ..checkpoint.safetensors_io import StreamingWriter
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
-from ..models.registry import load_all
+from ..models.registry import refuse_smoothquant
 from ..spec.modes import FloatMode, SmoothQuant
 from .kvcache import KVBalance, balance, qkv_ranges, refuse_unsupported
 from .plan import plan_conversion
@@ -176,12 +176,7 @@ def _refuse(
     mode: SmoothQuant, config: dict[str, Any], family: Family, rules: list[TensorRule]
 ) -> None:
     """What SmoothQuant cannot convert, before any work."""
-    if not family.smoothquant:
-        supported = sorted(a for a, f in load_all().items() if f.smoothquant)
-        raise ConversionError(
-            f"SmoothQuant is not supported for {config['architecture']} yet: use --dtype int8-wo "
-            f"(SmoothQuant supports {', '.join(supported)})"
-        )
+    refuse_smoothquant(family, config["architecture"])
     if mode.alpha is None:
         raise ConversionError("SmoothQuant alpha is not chosen: run the recipe search first")
     if mode.kv_int8:

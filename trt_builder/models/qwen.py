@@ -95,6 +95,9 @@ QWEN3 = register("Qwen3ForCausalLM")(
         ignored=("rotary_emb.inv_freq",),
         qk_norm=True,
         int8_kv_cache=False,  # calibrated ranges are taken before the q/k norms
+        # TensorRT-LLM's SmoothQuant attention (quantization/layers.py: SmoothQuantAttention,
+        # 0.20-1.2) has no q/k norm: an engine would drop Qwen3's with a warning
+        smoothquant=False,
         min_release="1.0",  # the TensorRT backend gained Qwen3 in 1.0
         notes=(
             "Qwen3 engines need TensorRT-LLM 1.0 or later (the TensorRT backend gained Qwen3 in 1.0)",

@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import UnsupportedModelError
+from ..core.errors import ConversionError, UnsupportedModelError
 from .family import REGISTRY, Family
 
 #: This package's modules that are not families.
@@ -42,3 +42,14 @@ def family_for(hf_config: dict[str, Any]) -> Family:
         f"architecture {', '.join(archs) or '(none in config.json)'} is not supported: "
         f"supported are {', '.join(sorted(REGISTRY))}"
     )
+
+
+def refuse_smoothquant(family: Family, architecture: str) -> None:
+    """SmoothQuant for a family it does not build, refused with the way out (early, from the
+    config alone, and again by convert)."""
+    if not family.smoothquant:
+        supported = sorted(a for a, f in load_all().items() if f.smoothquant)
+        raise ConversionError(
+            f"SmoothQuant is not supported for {architecture} yet: use --dtype int8-wo "
+            f"(SmoothQuant supports {', '.join(supported)})"
+        )

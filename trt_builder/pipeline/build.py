@@ -25,12 +25,13 @@ from ..core.versions import tool_versions
 from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
-from ..models.registry import family_for
+from ..models.registry import family_for, refuse_smoothquant
 from ..source.fetch import config_alone
 from ..source.files import read_hf_config
 from ..source.resolve import resolve_source
 from ..source.stage import FetchStage
 from ..spec.build import BuildSpec
+from ..spec.modes import SmoothQuant
 from ..triton.stage import PackageStage
 from ..verify.stage import VerifyStage
 
@@ -122,11 +123,14 @@ def prepare(spec: BuildSpec, *, force: bool = False, offline: bool | None = None
     return ctx
 
 
-def refuse_unbuildable(hf_config: dict[str, Any], tp: int, pp: int) -> None:
-    """Refuse an unsupported architecture, or a tp/pp the model cannot be split into."""
+def refuse_unbuildable(hf_config: dict[str, Any], spec: BuildSpec) -> None:
+    """Refuse an unsupported architecture, a tp/pp the model cannot be split into, or
+    SmoothQuant for a family it does not build."""
     family = family_for(hf_config)
-    if tp * pp > 1:
-        check_mapping(family.config(hf_config), tp, pp)
+    if spec.tp * spec.pp > 1:
+        check_mapping(family.config(hf_config), spec.tp, spec.pp)
+    if isinstance(spec.mode, SmoothQuant):
+        refuse_smoothquant(family, str((hf_config.get("architectures") or ["?"])[0]))
 
 
 def check_model_early(ctx: BuildContext) -> None:
@@ -136,7 +140,7 @@ def check_model_early(ctx: BuildContext) -> None:
     source = ctx.source
     if source.kind == "local" or (source.kind == "hub" and not ctx.layout.hf.is_dir()):
         config = config_alone(source.kind, source.ref, source.revision, offline=ctx.offline)
-        refuse_unbuildable(config, ctx.spec.tp, ctx.spec.pp)
+        refuse_unbuildable(config, ctx.spec)
 
 
 def _missing_inputs(stage: Stage, ctx: BuildContext) -> list[Path]:

@@ -20,7 +20,7 @@ def model_config(spec: BuildSpec, *, offline: bool | None = None) -> dict[str, A
     kind, ref, _ = classify(spec.model, spec.revision)
     sha = resolve_hub_revision(ref, spec.revision, offline=offline) if kind == "hub" else None
     config = config_alone(kind, ref, sha, offline=offline)
-    refuse_unbuildable(config, spec.tp, spec.pp)
+    refuse_unbuildable(config, spec)
     return config
 
 

@@ -248,6 +248,16 @@ class BuildSpec:
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
         mode = self.mode  # refuses a --kv-cache / --dtype combination that does not exist
+        sm = GPUS[self.target_gpu].sm
+        int8 = mode.name.startswith("int8") or mode.kv_int8
+        if 100 <= sm < 120 and int8:
+            # TensorRT-LLM's builder.py refuses these on the build GPU's SM 100-119
+            raise SpecError(
+                f"--target-gpu {self.target_gpu} is SM {sm}, where TensorRT-LLM builds no INT8 "
+                f"(weight-only, SmoothQuant or the INT8 KV cache; --dtype {self.dtype}, "
+                f"--kv-cache {self.kv_cache}): use --dtype float16 or bfloat16 with --kv-cache "
+                "model there, or target an SM 80-90 GPU (A100, H100, H200)"
+            )
         gemm = self.engine.gemm_plugin
         if gemm != "auto" and mode.dtype != "auto" and gemm != mode.dtype:
             raise SpecError(
