@@ -247,3 +247,33 @@ def test_changing_the_recipe_reuses_the_calibration(tiny_llama: Path, tmp_path: 
     }
     assert build(**{"int8.alpha": 0.6, "int8.granularity": "per-tensor"})["calibrate"] == "cached"
     assert build(**{"int8.alpha": 0.6, "kv_cache": "int8"})["calibrate"] == "cached"
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_qwen2_ranks_reassemble_and_run_as_one(
+    tokenizer_dir: Path, tmp_path: Path, tp: int, pp: int
+) -> None:
+    """Qwen2 (qkv biases, grouped KV heads) in SmoothQuant with the INT8 KV cache, split into
+    ranks: they merge back into the TP=1 checkpoint bit for bit, and the checkpoint runtime on
+    the split checkpoint gives the TP=1 logits."""
+    from trt_builder.checkpoint.reader import read_checkpoint
+
+    model, calibration = tmp_path / "qwen2", tmp_path / "calibration"
+    make_tiny("qwen2", model, tokenizer_dir)
+    calibration.mkdir()
+    calibrate(model, calibration, CalibrationOptions(samples=8, seq_len=64))
+    mode = SmoothQuant(alpha=0.5, kv_int8=True)
+    one = _convert(model, calibration, tmp_path / "one", mode)
+    split = tmp_path / "split"
+    split.mkdir()
+    convert_smoothquant(model, split, mode, calibration, tp=tp, pp=pp)
+    assert len(list(split.glob("rank*.safetensors"))) == tp * pp
+    whole = load_file(one / "rank0.safetensors")
+    assert "transformer.layers.0.attention.qkv.bias" in whole
+    config, merged = read_checkpoint(split)
+    assert config["mapping"]["world_size"] == tp * pp
+    assert merged.keys() == whole.keys() and all(torch.equal(merged[k], whole[k]) for k in whole)
+    torch.testing.assert_close(
+        CheckpointRuntime.load(split).forward(IDS), CheckpointRuntime.load(one).forward(IDS),
+        atol=0, rtol=0,
+    )  # fmt: skip
