@@ -428,6 +428,7 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
     from trt_builder.triton.client import stream_results
 
     repository, ports = tiny["streaming_repository"], _ports(tmp_path / "first.log")
+    before = set(Path("/tmp").glob("python_env_*"))
     server = start(repository, **ports)
     client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
     results = stream_results(client, "tensorrt_llm",
@@ -447,6 +448,8 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
         time.sleep(0.5)
     else:
         pytest.fail("the Python backend's stubs outlived their server")
+    for left in set(Path("/tmp").glob("python_env_*")) - before:  # the killed backend's (empty)
+        left.rmdir()
     with start(repository, **{**ports, "log": tmp_path / "again.log"}) as again:
         want = tiny["runtime"].greedy([5, 17, 42], 6, {2})
         assert TritonRuntime(again.grpc_url).greedy_batch([[5, 17, 42]], 6, {2}) == [want]
