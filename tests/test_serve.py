@@ -460,8 +460,10 @@ def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
 ) -> None:
     """`package` publishes version 2 of a served repository; Server.reload (what serve does when
     the link moves) loads it through Triton's model-control API while four clients keep asking:
-    every answer is the right one, and every model is then at version 2."""
+    none fails, every answer is the right one, they are answered after it, and every model is
+    then at version 2."""
     import threading
+    import time
     import urllib.request
 
     from trt_builder.triton.client import Request, generate
@@ -490,7 +492,12 @@ def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
                      **{"triton.kv_cache_free_gpu_mem_fraction": 0.8})  # fmt: skip
             before = len(answers)
             assert server.reload() == 2
-            after = len(answers)
+            # requests that came during the load were held, not dropped (on 2 busy cores the
+            # answers can pause for its length); the clients go on being answered after it
+            after, deadline = len(answers), time.monotonic() + 60
+            while len(answers) < after + 4 and time.monotonic() < deadline and not failures:
+                time.sleep(0.1)
+            served = len(answers)
         finally:
             stop.set()
             for c in clients:
@@ -500,7 +507,7 @@ def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
             ready = {(m["name"], m["version"]) for m in json.loads(answer.read())
                      if m.get("state") == "READY"}  # fmt: skip
     assert not failures, failures[:3]
-    assert after > before > 0 and set(answers) == {want}
+    assert before > 0 and served >= after + 4 and set(answers) == {want}
     assert ready == {
         (m, "2") for m in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
     }
