@@ -346,7 +346,7 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     import subprocess
 
     from ..core.errors import TritonError
-    from ..triton.repository import INFO, REFERENCE, current_version
+    from ..triton.repository import INFO, REFERENCE
     from ..triton.server import start
 
     def stop(signum: int, frame: Any) -> None:
@@ -373,9 +373,8 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
                 pass
             try:  # a version `package` published since: load it while this one serves
                 loaded = server.reload()
-            except TritonError as exc:
+            except TritonError as exc:  # reported once; the old version goes on serving
                 err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
-                server.version = current_version(repository)  # not retried every second
                 continue
             if loaded is not None:
                 err.print(f"version {loaded} of {escape(str(repository))} loaded")

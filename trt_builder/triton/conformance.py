@@ -15,7 +15,7 @@ release reads unguarded is written, and every input is named as the backend look
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -132,32 +132,25 @@ _SEED_TL = Source(TL, "triton_backend/" + _UTILS, "89fd9b74", 99)
 _PRE_MOVE = (
     "c2e65b8 (2025-05-13): the last BE sync before the backend moved into TL triton_backend/"
 )
+#: 1.0 and 1.1 were read at the same snapshots (the 1.0-1.1 window).
+_TL_10 = _contract(
+    "1.0",
+    "probable",
+    "c8c6df08 / 2a9abd95: num_input_tokens present (TL #5445, 2025-06), enable_trt_overlap "
+    "still deprecated (before TL #10018, 2025-12)",
+    TL,
+    "triton_backend/",
+    "c8c6df08",
+    "2a9abd95",
+    _SEED_TL,
+)
 CONTRACTS: dict[str, Contract] = {
     c.release: c
     for c in (
         _contract("0.20", "inferred", _PRE_MOVE, BE, "", "c2e65b8", "c2e65b8", _SEED_BE),
         _contract("0.21", "inferred", _PRE_MOVE, BE, "", "c2e65b8", "c2e65b8", _SEED_BE),
-        _contract(
-            "1.0",
-            "probable",
-            "c8c6df08 / 2a9abd95: num_input_tokens present (TL #5445, "
-            "2025-06), enable_trt_overlap still deprecated (before TL #10018, 2025-12)",
-            TL,
-            "triton_backend/",
-            "c8c6df08",
-            "2a9abd95",
-            _SEED_TL,
-        ),
-        _contract(
-            "1.1",
-            "probable",
-            "the same versions as 1.0 (the 1.0-1.1 window)",
-            TL,
-            "triton_backend/",
-            "c8c6df08",
-            "2a9abd95",
-            _SEED_TL,
-        ),
+        _TL_10,
+        replace(_TL_10, release="1.1", dated_by="the same versions as 1.0 (the 1.0-1.1 window)"),
         _contract(
             "1.2",
             "read",

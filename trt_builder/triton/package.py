@@ -95,12 +95,11 @@ def backend(ctx: BuildContext, engine: Path | None) -> str:
     return chosen
 
 
-def repository_options(ctx: BuildContext, version: int) -> RepositoryOptions:
+def repository_options(ctx: BuildContext, version: int, engine: Path | None) -> RepositoryOptions:
     """The repository's options for published version `version`, from the engine's config and
-    the spec's [triton] table."""
+    the spec's [triton] table; `engine` is shipped_engine's."""
     triton = ctx.spec.triton
     root = triton.serve_root or str(ctx.layout.triton_root.resolve())
-    engine = shipped_engine(ctx)
     kind = backend(ctx, engine)
     options = options_from_engine(
         engine_config(ctx, engine if kind == "tensorrtllm" else None),

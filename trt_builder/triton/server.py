@@ -133,6 +133,7 @@ class Server:
     binary: Binary
     repository: Path | None = None  # the link served, as given
     version: int | None = None  # the published version loaded
+    failed: int | None = None  # the last version that failed to load (not retried)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -158,9 +159,9 @@ class Server:
         one explicit `load` of the ensemble, which makes Triton poll it and its composing
         models (each keeps serving its old version until the new one is ready). The version
         loaded, or None when nothing changed; TritonError with Triton's reason if it failed
-        (the version that was serving still serves)."""
+        (the version that was serving still serves; that version is not tried again)."""
         version = None if self.repository is None else current_version(self.repository)
-        if version is None or version == self.version:
+        if version is None or version in (self.version, self.failed):
             return None
         url = f"{self.http_url}/v2/repository/models/ensemble/load"
         try:
@@ -168,12 +169,14 @@ class Server:
                                         timeout=timeout):  # fmt: skip
                 pass
         except urllib.error.HTTPError as exc:
+            self.failed = version
             reason = exc.read().decode(errors="replace")
             raise TritonError(
                 f"version {version} of {self.repository} failed to load ({reason}); "
                 f"version {self.version} still serves (log: {self.log})"
             ) from None
         except (urllib.error.URLError, OSError) as exc:
+            self.failed = version
             raise TritonError(f"tritonserver did not answer the load of version {version} "
                               f"({exc}; log: {self.log})") from None  # fmt: skip
         self.version = version

@@ -33,12 +33,12 @@ class PackageStage:
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         # Version 0 stands for whichever version is published next: not part of the key.
-        return {"options": asdict(repository_options(ctx, version=0))}
+        return {"options": asdict(repository_options(ctx, 0, shipped_engine(ctx)))}
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         engine = shipped_engine(ctx)
         version = next_version(ctx.layout.triton)
-        options = repository_options(ctx, version)
+        options = repository_options(ctx, version, engine)
         reference = options.backend == "reference"
         write_repository(work, options, tokenizer_files(ctx), engine,
                          ctx.layout.checkpoint if reference else None)  # fmt: skip
