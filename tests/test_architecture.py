@@ -15,6 +15,7 @@ PACKAGE = codegraph.PACKAGE
 STAGE_MODULES = {
     "fetch": "trt_builder.source.stage",
     "calibrate": "trt_builder.calibrate.stage",
+    "recipe": "trt_builder.recipe.stage",
     "convert": "trt_builder.convert.stage",
     "verify": "trt_builder.verify.stage",
     "engine": "trt_builder.engine.stage",
@@ -103,12 +104,18 @@ def _digests(root: Path) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("edited", "changes"),
     [
-        # imported by the recipe search (convert) and by verify, through two modules each
-        ("runtimes/scoring.py", {"convert", "verify"}),
+        # the plugin GEMM's arithmetic: the search simulates it, convert stores its operands,
+        # the checkpoint runtime (verify) executes them
+        ("runtimes/int8.py", {"recipe", "convert", "verify"}),
+        ("runtimes/scoring.py", {"verify"}),
+        # editing the converter does not rerun the search, nor editing the search the converter
+        # (convert reruns when the recipe it reads comes out different)
+        ("convert/smoothquant.py", {"convert"}),
+        ("recipe/search.py", {"recipe"}),
         # the bundled corpus: calibration, the recipe's search split, verify's held-out text
-        ("calibrate/data/search.jsonl", {"calibrate", "convert", "verify"}),
+        ("calibrate/data/search.jsonl", {"calibrate", "recipe", "convert", "verify"}),
         # a family module, loaded by the registry by name; the memory plan reads families too
-        ("models/llama.py", {"calibrate", "convert", "verify", "engine", "package"}),
+        ("models/llama.py", {"calibrate", "recipe", "convert", "verify", "engine", "package"}),
         # copied into the repository by package, imported by nobody
         ("triton/python_models/preprocessing.py", {"package"}),
         # the stage framework: every stage
@@ -137,8 +144,8 @@ def test_the_pipelines_keys_follow_an_edit_to_an_indirectly_imported_module(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A build, then the same build with the package read from an edited copy: the stages whose
-    code imports the edited module (convert through the recipe search, verify) would rerun;
-    fetch, which does not, stays cached."""
+    code imports the edited module (the plugin GEMM's arithmetic: convert, and verify through
+    the checkpoint runtime) would rerun; fetch, which does not, stays cached."""
     from trt_builder.pipeline import run
     from trt_builder.spec.build import make_spec
 
@@ -150,8 +157,8 @@ def test_the_pipelines_keys_follow_an_edit_to_an_indirectly_imported_module(
 
     copy = tmp_path / "copy" / "trt_builder"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    scoring = copy / "runtimes" / "scoring.py"
-    scoring.write_text(scoring.read_text() + "\n# edited\n")
+    arithmetic = copy / "runtimes" / "int8.py"
+    arithmetic.write_text(arithmetic.read_text() + "\n# edited\n")
     monkeypatch.setattr(codegraph, "PACKAGE", copy)
     try:
         records = run(spec, only=only, dry_run=True).records

@@ -208,19 +208,25 @@ def test_html_shows_the_int8_recipe(tmp_path: Path) -> None:
     report = passing_report()
     report["recipe"] = {
         "method": "global alphas <and> per layer",
-        "tokens": 2048,
-        "chosen_alpha": "per layer",
+        "tokens": 4096,
+        "chosen": "per layer",
         "candidates": [
-            {"alpha": 0.7, "ppl_delta_pct": 0.734, "top1": 0.9443},
-            {"alpha": "per layer", "ppl_delta_pct": 0.107, "top1": 0.9468},
+            {"name": "alpha 0.7", "kl": 0.01054, "kl_se": 0.00042, "ppl_delta_pct": 1.093,
+             "ppl_delta_pct_se": 0.31, "top1": 0.9473, "top1_se": 0.0033, "windows": 8},
+            {"name": "per layer", "kl": 0.00846, "kl_se": 0.00048, "ppl_delta_pct": 0.75,
+             "ppl_delta_pct_se": 0.22, "top1": 0.9514, "top1_se": 0.0025, "windows": 16},
         ],
-    }
+    }  # fmt: skip
     write_html(report, tmp_path / "verify.html")
     page = (tmp_path / "verify.html").read_text(encoding="utf-8")
     section = page[page.index("<h2>INT8 recipe</h2>") :].split("<h2>")[1]
-    assert "global alphas &lt;and&gt; per layer" in section and "2048 search-split" in section
-    assert "<td>0.7</td><td>+0.73%</td><td>0.9443</td><td></td>" in section
-    assert "<td>per layer</td><td>+0.11%</td><td>0.9468</td><td>chosen</td>" in section
+    assert "global alphas &lt;and&gt; per layer" in section and "4096 search-split" in section
+    assert (
+        "<td>alpha 0.7</td><td>0.01054 ± 0.00042</td><td>+1.09% ± 0.31%</td>"
+        "<td>0.9473 ± 0.0033</td><td>8</td><td></td>" in section
+    )
+    assert "<td>per layer</td><td>0.00846 ± 0.00048</td>" in section
+    assert "<td>16</td><td>chosen</td>" in section
 
 
 def test_write_reports_leaves_only_the_two_files(tmp_path: Path) -> None:

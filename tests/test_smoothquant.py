@@ -186,7 +186,8 @@ def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_
 def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trt_builder.convert.recipe import GRID, fit_per_layer
+    from trt_builder.recipe.candidates import GRID
+    from trt_builder.recipe.search import fit_per_layer
 
     same = {i: {g: 0.6 for g in ("qkv", "dense", "fc", "proj")} for i in range(2)}
     a = load_file(
@@ -207,11 +208,20 @@ def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path
         "post_layernorm.weight", "mlp.fc.weight", "mlp.gate.weight",
         "mlp.fc.per_channel_scale", "mlp.gate.per_channel_scale"}  # fmt: skip
 
+    from trt_builder.models.registry import family_for
+    from trt_builder.recipe.simulate import Simulation, gemm_groups
+    from trt_builder.source.files import read_hf_config
+
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
-    fitted = fit_per_layer(model, tiny_llama, SmoothQuant(None), load_stats(calibrated), IDS[None])
-    assert set(fitted) == {0, 1}
-    assert all(set(g) == {"qkv", "dense", "fc", "proj"} for g in fitted.values())
-    assert all(v in GRID for g in fitted.values() for v in g.values())
+    hf_config = read_hf_config(tiny_llama)
+    groups = gemm_groups(family_for(hf_config), hf_config, set(model.state_dict()))
+    sim = Simulation(model, groups, load_stats(calibrated), True)
+    with sim.installed():
+        fitted, sensitivity = fit_per_layer(sim, IDS[None], GRID, 8, "cpu")
+    assert set(fitted) == set(sensitivity) == {f"{i}.{g}" for i in range(2)
+                                              for g in ("qkv", "dense", "fc", "proj")}  # fmt: skip
+    assert all(v in GRID for v in fitted.values())
+    assert all(0 < v < 1 for v in sensitivity.values())
     # the fit's choice for layer 0's qkv is the alpha whose plugin GEMM, as the reference
     # runtime computes it, is closest to the float projection on the same input
     with torch.no_grad():
@@ -227,7 +237,7 @@ def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path
                           "transformer.layers.0.input_layernorm")  # fmt: skip
         out = runtime._linear(h, "transformer.layers.0.attention.qkv")
         errors[alpha] = float((out - y).pow(2).sum())
-    assert errors[fitted[0]["qkv"]] == pytest.approx(min(errors.values()), rel=1e-3)
+    assert errors[fitted["0.qkv"]] == pytest.approx(min(errors.values()), rel=1e-3)
 
 
 def test_changing_the_recipe_reuses_the_calibration(tiny_llama: Path, tmp_path: Path) -> None:

@@ -82,13 +82,15 @@ def collect(
     try:
         with torch.inference_mode():
             for row in range(0, ids.shape[0], batch_size):
-                model(ids[row : row + batch_size].to(first), use_cache=False)
+                model(ids[row : row + batch_size].to(first), use_cache=False, logits_to_keep=1)
     finally:
         recorder.close()
     return recorder.tensors()
 
 
-def _load_model(hf_dir: Path, device: str, offload: Path) -> Any:
+def load_model(hf_dir: Path, device: str, offload: Path) -> Any:
+    """The transformers model on `device`: on cuda across every GPU, spilling to CPU memory
+    and then to `offload` on disk (accelerate); float32 on the CPU."""
 
     if device == "cuda":  # every GPU, spilling to CPU memory and then to disk (accelerate)
         offload.mkdir(parents=True, exist_ok=True)
@@ -108,7 +110,7 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
     texts, digest = load_texts(options.dataset)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     ids = make_samples(tokenizer, texts, options)
-    model = _load_model(hf_dir, device, out_dir / "offload").eval()
+    model = load_model(hf_dir, device, out_dir / "offload").eval()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     stats = collect(model, ids, options.batch_size, family_for(read_hf_config(hf_dir)))

@@ -86,8 +86,9 @@ def _stage_command(name: str, stages: tuple[str, ...], help_text: str, example: 
 
 _stage_command(
     "build",
-    ("fetch", "calibrate", "convert", "verify", "engine", "package"),
-    "Run every stage: fetch, calibrate (when the mode needs it), convert, verify, engine, package.",
+    ("fetch", "calibrate", "recipe", "convert", "verify", "engine", "package"),
+    "Run every stage: fetch, calibrate and recipe (when the mode needs them), convert, verify, "
+    "engine, package.",
     "trt-builder build --dtype int8",
 )
 _stage_command(
@@ -95,6 +96,13 @@ _stage_command(
     ("calibrate",),
     "Collect activation statistics for INT8 (SmoothQuant, the INT8 KV cache); shared by variants.",
     "trt-builder calibrate --calib-samples 128 --calib-seq-len 512",
+)
+_stage_command(
+    "recipe",
+    ("recipe",),
+    "Search SmoothQuant's alphas for --dtype int8 --sq-alpha auto, in memory on the calibration "
+    "device; shared by variants.",
+    "trt-builder recipe --dtype int8 --calib-device cuda",
 )
 _stage_command(
     "fetch",

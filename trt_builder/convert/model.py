@@ -1,49 +1,61 @@
 """The converter of each quantization mode, chosen by the mode's type: the float and INT8
-weight-only modes (floats.py, with the INT8 KV cache's balancing), and SmoothQuant (the recipe
-search when alpha is "auto", then smoothquant.py)."""
+weight-only modes (floats.py, with the INT8 KV cache's balancing), and SmoothQuant
+(smoothquant.py, with the recipe stage's alphas when alpha is "auto")."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import singledispatch
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import ConversionError
 from ..core.fsio import write_json
 from ..spec.modes import FloatMode, QuantMode, SmoothQuant, WeightOnlyInt8
 from .floats import convert_checkpoint
-from .recipe import search_recipe
 from .smoothquant import convert_smoothquant
 
 
 @singledispatch
 def convert_model(
-    mode: QuantMode, hf_dir: Path, out_dir: Path, *, tp: int, pp: int, calibration: Path | None
+    mode: QuantMode,
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    tp: int,
+    pp: int,
+    calibration: Path | None,
+    recipe: Path | None = None,
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir` in `mode`; the summary.
-    `calibration`: the statistics directory, for the modes that need one."""
+    `calibration`: the statistics directory, for the modes that need one; `recipe`: the
+    recipe stage's recipe.json, for SmoothQuant with alpha "auto"."""
     raise TypeError(f"internal: no converter for {type(mode).__name__}")
 
 
 @convert_model.register(FloatMode)
 @convert_model.register(WeightOnlyInt8)
 def _float(mode: FloatMode | WeightOnlyInt8, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
-           calibration: Path | None) -> dict[str, Any]:  # fmt: skip
+           calibration: Path | None, recipe: Path | None = None) -> dict[str, Any]:  # fmt: skip
     calibration = calibration if mode.needs_calibration else None
     return convert_checkpoint(hf_dir, out_dir, mode, tp=tp, pp=pp, calibration=calibration)
 
 
 @convert_model.register(SmoothQuant)
 def _smoothquant(mode: SmoothQuant, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
-                 calibration: Path | None) -> dict[str, Any]:  # fmt: skip
+                 calibration: Path | None, recipe: Path | None = None) -> dict[str, Any]:  # fmt: skip
     assert calibration is not None  # SmoothQuant always calibrates
-    recipe, per_layer = None, None
-    if mode.alpha is None:  # the recipe search picks it
-        alpha, per_layer, recipe = search_recipe(hf_dir, out_dir, mode, calibration)
-        mode = replace(mode, alpha=alpha)
+    found, per_layer = None, None
+    if mode.alpha is None:  # the recipe stage chose them
+        if recipe is None or not recipe.is_file():
+            raise ConversionError("SmoothQuant alpha auto needs the recipe: run trt-builder recipe")
+        found = json.loads(recipe.read_text())
+        per_layer = {int(k): v for k, v in found["alphas"].items()}
+        mode = replace(mode, alpha=float(found["alpha"]))
     summary = convert_smoothquant(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp,
                                   alphas=per_layer)  # fmt: skip
-    if recipe is not None:
-        write_json(out_dir / "recipe.json", recipe)  # trtllm-build reads only its own files
-        summary["recipe"] = recipe
+    if found is not None:
+        write_json(out_dir / "recipe.json", found)  # trtllm-build reads only its own files
+        summary["recipe"] = {k: found[k] for k in ("chosen", "alpha", "tokens", "device")}
     return summary

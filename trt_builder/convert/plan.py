@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint.mapping import check_mapping
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..core.dtypes import FLOATS
-from ..core.errors import ConversionError, InputError
+from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import family_for
-from ..source.files import read_hf_config
+from ..source.files import read_hf_config, weight_files
 from ..spec.modes import QuantMode
 
 
@@ -50,31 +49,6 @@ def trtllm_config(
         },
     )
     return config
-
-
-def weight_files(hf_dir: Path) -> list[Path]:
-    """The checkpoint's weight files: those its index names, else every *.safetensors (so a
-    repo that also ships another format's file, e.g. Mistral's consolidated.safetensors, works)."""
-    index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise InputError(
-                f"{index.name} is not a valid weight index ({exc}): re-fetch the model"
-            ) from None
-        missing = [name for name in listed if not (hf_dir / name).is_file()]
-        if missing:
-            raise InputError(
-                f"{missing[0]}, listed in {index.name}, is missing: re-fetch the model with --force"
-            )
-        return [hf_dir / name for name in listed]
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(
-            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
-        )
-    return files
 
 
 def plan_conversion(

@@ -36,43 +36,13 @@ from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import refuse_smoothquant
+from ..runtimes.int8 import GEMMS, GROUPS, KEEPS_SMOOTHER, group_name, quantize_rows, smoother
 from ..spec.modes import FloatMode, SmoothQuant
 from .kvcache import KVBalance, balance, qkv_ranges, refuse_unsupported
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
-#: The INT8 GEMMs of a layer; dense and proj keep their smoother (the others fold it into the
-#: norm in front of them).
-GEMMS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
-         "mlp.proj.weight")  # fmt: skip
-KEEPS_SMOOTHER = ("attention.dense.weight", "mlp.proj.weight")
-#: GEMMs that read one input, and so share one smoother, by the first of them.
-GROUPS = {
-    "attention.qkv.weight": ["attention.qkv.weight"],
-    "attention.dense.weight": ["attention.dense.weight"],
-    "mlp.fc.weight": ["mlp.fc.weight", "mlp.gate.weight"],
-    "mlp.proj.weight": ["mlp.proj.weight"],
-}
 F32 = torch.float32
-
-
-def group_name(lead: str) -> str:
-    """qkv, dense, fc, proj: how a group is named in per-layer alphas."""
-    return lead.split(".")[1]
-
-
-def smoother(ax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
-    """s per input channel for GEMMs that share an input: ax^alpha / max|W|^(1-alpha)."""
-    wmax = torch.stack([w.abs().amax(dim=0) for w in weights]).amax(dim=0).float()
-    s = ax.float().clamp(min=1e-5).pow(alpha) / wmax.clamp(min=1e-5).pow(1 - alpha)
-    return s.clamp(min=1e-5)
-
-
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight, aw per output row): round half to even of w * 127 / aw."""
-    aw = w.abs().amax(dim=1).float().clamp(min=1e-8)
-    q = torch.round(w.float() * (127.0 / aw)[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, aw
 
 
 def _layer_tensors(

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
+from ..recipe.candidates import recipe_dir, searches
 
 
 class ConvertStage:
@@ -24,6 +25,8 @@ class ConvertStage:
         }
         if ctx.spec.mode.needs_calibration:
             inputs["calibration"] = self._calibration(ctx) / "calibration.safetensors"
+        if searches(ctx):
+            inputs["recipe"] = recipe_dir(ctx) / "recipe.json"
         return inputs
 
     def _calibration(self, ctx: BuildContext) -> Path:
@@ -37,5 +40,6 @@ class ConvertStage:
 
         mode = ctx.spec.mode
         calibration = self._calibration(ctx) if mode.needs_calibration else None
+        recipe = recipe_dir(ctx) / "recipe.json" if searches(ctx) else None
         return convert_model(mode, ctx.layout.hf, work, tp=ctx.spec.tp, pp=ctx.spec.pp,
-                             calibration=calibration)  # fmt: skip
+                             calibration=calibration, recipe=recipe)  # fmt: skip

@@ -35,10 +35,11 @@ LAYERS = (
     "source",  # --model, the hub, fetch (stage 1), the HF model's files and loaders
     "runtimes",  # the checkpoint runtime, generation helpers, scoring
     "calibrate",  # the corpus and activation statistics (stage 2)
-    "convert",  # HF -> TensorRT-LLM checkpoint, SmoothQuant, the INT8 KV cache, recipe (stage 3)
-    "verify",  # the checkpoint against transformers, diagnosis, reports (stage 4)
-    "engine",  # trtllm-build, releases, the memory plan, the engine runtime, doctor (stage 5)
-    "triton",  # the Triton repository, client, serving, the Triton runtime (stage 6)
+    "recipe",  # the INT8 recipe search, simulated in memory (stage 3)
+    "convert",  # HF -> TensorRT-LLM checkpoint, SmoothQuant, the INT8 KV cache (stage 4)
+    "verify",  # the checkpoint against transformers, diagnosis, reports (stage 5)
+    "engine",  # trtllm-build, releases, the memory plan, the engine runtime, doctor (stage 6)
+    "triton",  # the Triton repository, client, serving, the Triton runtime (stage 7)
     "pipeline",  # the stages in order, the plan, standalone verify
     "fleet",  # nightly rebuilds, their history and reports, gc
     "cli",  # the command line

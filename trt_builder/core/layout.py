@@ -37,6 +37,10 @@ class Layout:
         """Calibration statistics, shared by every variant: one directory per settings."""
         return self.model_dir / "calibration" / settings
 
+    def recipe(self, settings: str) -> Path:
+        """An INT8 recipe search's result, shared by the variants it applies to."""
+        return self.model_dir / "recipe" / settings
+
     @property
     def variant_dir(self) -> Path:
         return self.model_dir / self.variant

@@ -1,4 +1,4 @@
-"""The pipeline: fetch -> calibrate -> convert -> verify -> engine -> package, each stage
+"""The pipeline: fetch -> calibrate -> recipe -> convert -> verify -> engine -> package, each stage
 cached by its key (core/stage.py), in one function: run()."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
 from ..models.registry import family_for, refuse_smoothquant
+from ..recipe.stage import RecipeStage
 from ..source.fetch import config_alone
 from ..source.files import read_hf_config
 from ..source.resolve import resolve_source
@@ -38,6 +39,7 @@ from ..verify.stage import VerifyStage
 STAGES: tuple[Stage, ...] = (
     FetchStage(),
     CalibrateStage(),
+    RecipeStage(),
     ConvertStage(),
     VerifyStage(),
     EngineStage(),

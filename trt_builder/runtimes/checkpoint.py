@@ -20,6 +20,7 @@ from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
+from .int8 import int8_matmul, quantize_static, quantize_tokens
 
 
 def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -182,14 +183,12 @@ class CheckpointRuntime:
             norm = "input_layernorm" if linear == "qkv" else "post_layernorm"
             static = d.get(f"{layer}.{norm}.scale_to_int")
         if self.per_token:
-            m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-6)
-            q = torch.round(x * (127.0 / m)).clamp(-128, 127)
-            row_scale = m / 127.0
+            q, row_scale = quantize_tokens(x)
         else:
             assert static is not None
-            q = torch.round(x * static).clamp(-128, 127)
+            q = quantize_static(x, static)
             row_scale = d[f"{name}.act_scale"].reshape(())
-        acc = q @ d[f"{name}.weight"].T  # integers, exact in float32 below 2^24
+        acc = int8_matmul(q, self.w[f"{name}.weight"])  # int32 accumulation, exact
         y = acc * d[f"{name}.per_channel_scale"].reshape(-1) * row_scale
         bias = d.get(name + ".bias")
         return self._round(y if bias is None else y + bias)

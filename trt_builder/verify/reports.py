@@ -401,21 +401,30 @@ def _prompt_section(i: int, prompt: dict[str, Any], min_top1: float | None) -> s
 
 
 def _recipe_table(report: dict[str, Any]) -> str:
-    """The INT8 recipe search's candidates and choice (checkpoint/recipe.json), if it ran."""
+    """The INT8 recipe search's candidates and choice (checkpoint/recipe.json), if it ran:
+    each figure with its standard error over the scored windows."""
     recipe = report.get("recipe")
     if not recipe:
         return ""
-    chosen = recipe.get("chosen_alpha")
+    chosen = recipe.get("chosen")
+
+    def pm(c: dict[str, Any], key: str, fmt: str) -> str:
+        value, se = c.get(key), c.get(f"{key}_se")
+        text = _number(value, fmt)
+        return text if se is None else f"{text} ± {_number(se, fmt.replace('+', ''))}"
+
     rows = "".join(
-        f"<tr><td>{_e(c.get('alpha'))}</td><td>{_number(c.get('ppl_delta_pct'), '{:+.2f}%')}</td>"
-        f"<td>{_number(c.get('top1'), '{:.4f}')}</td>"
-        f"<td>{'chosen' if c.get('alpha') == chosen else ''}</td></tr>"
+        f"<tr><td>{_e(c.get('name'))}</td><td>{pm(c, 'kl', '{:.5f}')}</td>"
+        f"<td>{pm(c, 'ppl_delta_pct', '{:+.2f}%')}</td>"
+        f"<td>{pm(c, 'top1', '{:.4f}')}</td><td>{_e(c.get('windows'))}</td>"
+        f"<td>{'chosen' if c.get('name') == chosen else ''}</td></tr>"
         for c in recipe.get("candidates") or []
     )
     return (
         f"<h2>INT8 recipe</h2><p class='meta'>{_e(recipe.get('method'))}; "
-        f"{_e(recipe.get('tokens'))} search-split tokens.</p><table><tr><th>alpha</th>"
-        f"<th>perplexity increase</th><th>top-1</th><th></th></tr>{rows}</table>"
+        f"{_e(recipe.get('tokens'))} search-split tokens.</p><table><tr><th>candidate</th>"
+        "<th>mean KL</th><th>perplexity increase</th><th>top-1</th><th>windows</th><th></th>"
+        f"</tr>{rows}</table>"
     )
 
 

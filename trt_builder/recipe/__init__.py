@@ -1,0 +1,1 @@
+"""recipe: the INT8 recipe search (stage 3), between calibrate and convert."""

@@ -1,0 +1,80 @@
+"""The arithmetic of TensorRT-LLM's SmoothQuant plugin GEMM, in one place: the converter stores
+its operands (trt_builder/convert/smoothquant.py), the checkpoint runtime executes them
+(runtimes/checkpoint.py), and the recipe search simulates candidates with it in memory
+(trt_builder/recipe/). docs/quantization.md states the formats.
+
+- a smoother per input channel, s_c = max(ax_c^alpha / max_j|W_jc|^(1-alpha), 1e-5), over every
+  GEMM that reads that input;
+- int8 weights per output row, round_half_even(W' * 127 / aw_j), aw_j the row's max |W'|;
+- int8 activations per token (a dynamic scale m / 127, m the row's max |x|) or with one static
+  scale; the GEMM accumulates int8 x int8 in int32, exactly: `torch._int_mm` where it runs,
+  else float64 (exact below 2^53, float32 would not be past 1040 input channels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: The INT8 GEMMs of a decoder layer (TensorRT-LLM names); dense and proj keep their smoother
+#: (the others fold it into the norm in front of them).
+GEMMS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight", "mlp.gate.weight",
+         "mlp.proj.weight")  # fmt: skip
+KEEPS_SMOOTHER = ("attention.dense.weight", "mlp.proj.weight")
+#: GEMMs that read one input, and so share one smoother, by the first of them.
+GROUPS = {
+    "attention.qkv.weight": ["attention.qkv.weight"],
+    "attention.dense.weight": ["attention.dense.weight"],
+    "mlp.fc.weight": ["mlp.fc.weight", "mlp.gate.weight"],
+    "mlp.proj.weight": ["mlp.proj.weight"],
+}
+
+
+def group_name(lead: str) -> str:
+    """qkv, dense, fc, proj: how a group is named in per-layer alphas."""
+    return lead.split(".")[1]
+
+
+def smoother(
+    ax: torch.Tensor, weights: list[torch.Tensor] | torch.Tensor, alpha: float
+) -> torch.Tensor:
+    """s per input channel for GEMMs that share an input: ax^alpha / max|W|^(1-alpha);
+    `weights`: the GEMMs' weights [out, in], or their max |W| per input channel already."""
+    if isinstance(weights, torch.Tensor):
+        wmax = weights.float()
+    else:
+        wmax = torch.stack([w.abs().amax(dim=0).float() for w in weights]).amax(dim=0)
+    s = ax.float().clamp(min=1e-5).pow(alpha) / wmax.clamp(min=1e-5).pow(1 - alpha)
+    return s.clamp(min=1e-5)
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, aw per output row): round half to even of w * 127 / aw."""
+    aw = w.abs().amax(dim=1).float().clamp(min=1e-8)
+    q = torch.round(w.float() * (127.0 / aw)[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, aw
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token activations: (int8 x, the scale of each row, m / 127)."""
+    m = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-6)
+    return torch.round(x.float() * (127.0 / m)).clamp(-128, 127).to(torch.int8), m / 127.0
+
+
+def quantize_static(x: torch.Tensor, to_int: torch.Tensor) -> torch.Tensor:
+    """Per-tensor activations: int8 of x * to_int (the stored `scale_to_int`)."""
+    return torch.round(x.float() * to_int).clamp(-128, 127).to(torch.int8)
+
+
+def int8_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., k] int8 times w [n, k] int8, accumulated exactly; float32 [..., n]."""
+    flat = x.reshape(-1, x.shape[-1])
+    m, k = flat.shape
+    fits = k % 8 == 0 and w.shape[0] % 8 == 0 and (x.device.type == "cpu" or m > 16)
+    if fits:
+        try:
+            acc = torch._int_mm(flat, w.T).float()
+            return acc.reshape(*x.shape[:-1], w.shape[0])
+        except RuntimeError:  # a device or shape the kernel does not take: the exact fallback
+            pass
+    acc = (flat.double() @ w.double().T).float()
+    return acc.reshape(*x.shape[:-1], w.shape[0])
