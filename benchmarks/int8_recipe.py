@@ -36,8 +36,9 @@ def main() -> None:
     from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.floats import convert_checkpoint
-    from trt_builder.convert.recipe import search_recipe
     from trt_builder.convert.smoothquant import convert_smoothquant
+    from trt_builder.recipe.candidates import SearchSet
+    from trt_builder.recipe.search import search
     from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
     from trt_builder.spec.build import CalibrationOptions
     from trt_builder.spec.modes import SmoothQuant, WeightOnlyInt8
@@ -103,7 +104,7 @@ def main() -> None:
         measure(name, ck, **kw)
 
     def record_layers(record: dict[str, Any]) -> dict[int, dict[str, float]]:
-        return {int(k): v for k, v in record["per_layer_alphas"].items()}
+        return {int(k): v for k, v in record["alphas"].items()}
 
     for name, mode in (("int8-wo (W8A16)", WeightOnlyInt8()),
                        ("int8-wo + INT8 KV cache", WeightOnlyInt8(kv_int8=True))):  # fmt: skip
@@ -114,16 +115,12 @@ def main() -> None:
     sq("plain: per-tensor static, alpha 0.5", SmoothQuant(0.5, per_token=False))
     for alpha in (0.4, 0.5, 0.6, 0.7, 0.8):
         sq(f"per-token, alpha {alpha}", SmoothQuant(alpha))
-    alpha, per_layer, record = search_recipe(hf, work, SmoothQuant(None), calibration)
+    record = search(hf, calibration, SearchSet(), device="cpu", offload=work / "offload")
+    alpha, per_layer = float(record["alpha"]), record_layers(record)
     print(f"search (search split, {record['tokens']} tokens, {record['seconds']} s): "
-          f"{json.dumps(record['candidates'])} -> {record['chosen_alpha']}")  # fmt: skip
-    print(f"per-layer alphas: {json.dumps(record['per_layer_alphas'])}")
-    sq(
-        f"per-token, alphas per layer (best global {alpha})",
-        SmoothQuant(alpha),
-        alphas=record_layers(record),
-    )
-    name = f"int8 default: the search's choice ({record['chosen_alpha']})"
+          f"{json.dumps(record['candidates'])} -> {record['chosen']}")  # fmt: skip
+    print(f"alphas per layer: {json.dumps(record['alphas'])}")
+    name = f"int8 default: the search's choice ({record['chosen']})"
     sq(name, SmoothQuant(alpha), alphas=per_layer, decode=True)
     sq("int8 + INT8 KV cache", SmoothQuant(alpha, kv_int8=True), alphas=per_layer, decode=True)
 

@@ -190,6 +190,7 @@ class _Job:
     index: Any
     dtype: torch.dtype
     mapping: Mapping
+    device: str = "cpu"
 
     @classmethod
     def plan(cls, mode: SmoothQuant, calibration: Path,
@@ -197,7 +198,10 @@ class _Job:
              rules: list[TensorRule], index: Any) -> _Job:  # fmt: skip
         """Check what can be checked before writing; the quantization goes into `config`."""
         _refuse(mode, config, family, rules)
-        stats = load_stats(calibration)
+        # the layer arithmetic runs on the GPU where there is one (the tensors are written from
+        # the CPU); statistics are small, and go there once
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        stats = {k: v.to(device) for k, v in load_stats(calibration).items()}
         layers: dict[int, list[TensorRule]] = {}
         others: list[TensorRule] = []
         for rule in rules:
@@ -212,7 +216,7 @@ class _Job:
             smoothquant_val=mode.alpha,
         )
         return cls(mode, stats, alphas, config, layers, others, index, torch_dtype(mode.dtype),
-                   Mapping.from_config(config))  # fmt: skip
+                   Mapping.from_config(config), device)  # fmt: skip
 
     def layer(self, i: int, read: Any) -> dict[str, torch.Tensor]:
         """Layer i's checkpoint tensors, from its float tensors as `read` gives them."""
@@ -229,7 +233,7 @@ class _Job:
     def real(self, rule: TensorRule) -> torch.Tensor:
         """A rule's source tensors, concatenated, in float32; refuses NaN and Inf."""
         parts = load_sources(rule, self.index)
-        tensor = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+        tensor = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(self.device).float()
         if not bool(torch.isfinite(tensor).all()):
             raise ConversionError(
                 f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values"
@@ -279,7 +283,7 @@ class _Job:
                     raise ConversionError(
                         f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
                     )
-                put(name, [tensor])
+                put(name, [tensor.cpu()])
         for rule in self.others[1:]:
             put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
         return sum(len(p) for p in plans)

@@ -53,4 +53,5 @@ class RecipeStage:
         finally:
             shutil.rmtree(work / "offload", ignore_errors=True)
         write_json(work / "recipe.json", recipe)
-        return {k: recipe[k] for k in ("chosen", "alpha", "tokens", "device", "seconds")}
+        keys = ("chosen", "alpha", "tokens", "device", "seconds", "peak_gpu_bytes")
+        return {k: recipe[k] for k in keys}
