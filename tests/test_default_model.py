@@ -78,6 +78,7 @@ def test_build_int8_on_the_default_model(default_build: tuple[Path, dict]) -> No
         "cached",
         "cached",
         "cached",
+        "cached",
         "skipped",
         "cached",
     ]

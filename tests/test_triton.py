@@ -365,11 +365,11 @@ def test_packaged_repositories_validate_and_publish_versions(
         flags = {"triton.backend": "tensorrtllm", **flags}
         spec = make_spec(model=str(tiny_llama), dtype=dtype, tp=tp, out=tmp_path / "engines",
                          triton_root=tmp_path / "triton", **flags)  # fmt: skip
-        return run(spec, only=("fetch", "calibrate", "convert", "package"))
+        return run(spec, only=("fetch", "calibrate", "recipe", "convert", "package"))
 
     assert run(make_spec(model=str(tiny_llama), dtype=dtype, tp=tp, out=tmp_path / "engines",
                          triton_root=tmp_path / "auto"),
-               only=("fetch", "calibrate", "convert", "package")).records[-1].details[
+               only=("fetch", "calibrate", "recipe", "convert", "package")).records[-1].details[
         "backend"] == "reference"  # fmt: skip
     result = build()
     link = result.layout.triton
