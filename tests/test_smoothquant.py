@@ -176,11 +176,11 @@ def test_tensor_and_pipeline_parallel_ranks(
 def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_dir: Path) -> None:
     with pytest.raises(SpecError, match="--tp 3"):
         convert_smoothquant(tiny_llama, tmp_path, SmoothQuant(), calibrated, tp=3)
-    make_tiny("gpt2", tmp_path / "gpt2", tokenizer_dir)
+    make_tiny("qwen3", tmp_path / "qwen3", tokenizer_dir)  # upstream's attention: no q/k norm
     with pytest.raises(
-        ConversionError, match="not supported for GPT2LMHeadModel yet: use --dtype int8-wo"
+        ConversionError, match="not supported for Qwen3ForCausalLM yet: use --dtype int8-wo"
     ):
-        convert_smoothquant(tmp_path / "gpt2", tmp_path / "out", SmoothQuant(), calibrated)
+        convert_smoothquant(tmp_path / "qwen3", tmp_path / "out", SmoothQuant(), calibrated)
 
 
 def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 From calibration statistics (trt_builder/calibrate/stats.py), per decoder layer:
 - a smoother per input channel, s_c = max(ax_c^alpha / max_j|W_jc|^(1-alpha), 1e-5), over every
   GEMM that reads that input (q, k, v together; fc and gate together). W' = W diag(s); for qkv
-  and fc/gate it is folded into the norm before them (gamma / s), for dense and proj it is
-  stored as `smoother` and divided out of the activation at run time;
+  and fc/gate it is folded into the norm before them (gamma / s, and beta / s for GPT-2's
+  LayerNorm), for dense and proj it is stored as `smoother` and divided out of the activation
+  at run time;
 - int8 weights per output channel, Wq = round_half_even(W' * 127 / aw_j) with aw_j the row's
   max |W'|, and `per_channel_scale` aw_j / 127 (per token) or the static product of input and
   output scales (per tensor);
@@ -13,7 +14,7 @@ From calibration statistics (trt_builder/calibrate/stats.py), per decoder layer:
 - for the INT8 KV cache, K and V channels balanced by an exact rewrite (trt_builder/convert/kvcache.py):
   factors on the qkv rows go into their `per_channel_scale` (and bias), those on dense's input
   into its `smoother`; `kv_cache_scaling_factor` = the balanced range / 127.
-Layout and names follow TensorRT-LLM's llama converter (docs/quantization.md); tensor- and
+Layout and names follow TensorRT-LLM's llama and gpt converters (docs/quantization.md); tensor- and
 pipeline-parallel ranks are split as the float layout's, SmoothQuant's [1, n] vectors with the
 rows (qkv, fc, gate scales) or columns (dense, proj smoothers) they belong to. Written by hand:
 TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the native format.
@@ -43,6 +44,9 @@ from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
 F32 = torch.float32
+#: The norms in front of qkv and fc, which take their smoothers (with biases: GPT-2's LayerNorm).
+NORMS = ("input_layernorm.weight", "input_layernorm.bias", "post_layernorm.weight",
+         "post_layernorm.bias")  # fmt: skip
 
 
 def _layer_tensors(
@@ -73,7 +77,8 @@ def _layer_tensors(
 
     smoothed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (W', s)
     static_in: dict[str, torch.Tensor] = {}  # name -> scale_to_int of its input
-    for lead, members in GROUPS.items():
+    for lead, group in GROUPS.items():
+        members = [m for m in group if m in floats]  # GPT-2's MLP has no gate
         weights = [floats[m].float() for m in members]
         alpha = (alphas or {}).get(group_name(lead), mode.alpha)
         s = smoother(ax(lead), weights, float(alpha or 0.0))
@@ -82,12 +87,13 @@ def _layer_tensors(
             smoothed[m] = (w * s[None, :], s)
             static_in[m] = to_int
     for name, tensor in floats.items():
-        if name in ("input_layernorm.weight", "post_layernorm.weight"):
+        if name in NORMS:  # the GEMM reads norm / s: gamma / s, and a LayerNorm's beta / s
             gemm = "attention.qkv.weight" if name.startswith("input") else "mlp.fc.weight"
             s = smoothed[gemm][1]
             out[name] = (tensor.float() / s).to(dtype)
-            scale = static_in[gemm] if not mode.per_token else torch.tensor(1.0)
-            out[name.replace(".weight", ".scale_to_int")] = scale.reshape(1).to(F32)
+            if name.endswith(".weight"):
+                scale = static_in[gemm] if not mode.per_token else torch.tensor(1.0)
+                out[name.replace(".weight", ".scale_to_int")] = scale.reshape(1).to(F32)
         elif name in smoothed:
             w, s = smoothed[name]
             q, aw = quantize_rows(w)
@@ -158,18 +164,49 @@ def _missing_statistics(
 ) -> None:
     """Refuse a calibration that lacks an input range of one of the INT8 GEMMs."""
     missing = [
-        f"{s.removesuffix('.weight')}.input_absmax"
-        for group in layers.values()
-        for rule in group
-        if rule.name.split(".", 3)[3] in GEMMS
-        for s in rule.sources
-        if f"{s.removesuffix('.weight')}.input_absmax" not in stats
+        f"{m}.input_absmax" for m in _gemm_modules(layers) if f"{m}.input_absmax" not in stats
     ]
     if missing:
         raise ConversionError(
             f"the calibration has no statistics for {missing[0]}: recalibrate this model "
             "(trt-builder calibrate --force)"
         )
+
+
+def _gemm_modules(layers: dict[int, list[TensorRule]]) -> list[str]:
+    """The HF modules of the INT8 GEMMs, as the rules' sources name them, in the rules' order."""
+    return [
+        s.removesuffix(".weight")
+        for group in layers.values()
+        for rule in group
+        if rule.name.split(".", 3)[3] in GEMMS
+        for s in rule.sources
+    ]
+
+
+def _under_source_names(
+    stats: dict[str, torch.Tensor], layers: dict[int, list[TensorRule]]
+) -> dict[str, torch.Tensor]:
+    """The statistics, also under the rules' source names where those differ: calibration names
+    the modules of the transformers model (`transformer.h.0.attn.c_attn`), the hub's original
+    GPT-2 files name their tensors without the base model's prefix (`h.0.attn.c_attn.weight`)."""
+    missing = {m for m in _gemm_modules(layers) if f"{m}.input_absmax" not in stats}
+    if not missing:
+        return stats
+    by_suffix: dict[str, list[str]] = {}  # every dotted tail of a calibrated module -> modules
+    for key in stats:
+        module = key.removesuffix(".input_absmax")
+        if module != key:
+            parts = module.split(".")
+            for i in range(1, len(parts)):
+                by_suffix.setdefault(".".join(parts[i:]), []).append(module)
+    out = dict(stats)
+    for m in missing:
+        found = by_suffix.get(m, [])
+        if len(found) == 1:  # else _missing_statistics names it
+            for kind in ("input_absmax", "output_absmax"):
+                out[f"{m}.{kind}"] = stats[f"{found[0]}.{kind}"]
+    return out
 
 
 def _meta(rule: TensorRule) -> torch.Tensor:
@@ -209,6 +246,7 @@ class _Job:
                 layers.setdefault(int(rule.name.split(".")[2]), []).append(rule)
             else:
                 others.append(rule)
+        stats = _under_source_names(stats, layers)
         _missing_statistics(layers, stats)
         config["quantization"].update(
             quant_algo=mode.quant_algo,

@@ -105,7 +105,7 @@ GPT2 = register("GPT2LMHeadModel")(
         tensors=gpt2_tensors,
         ignored=(".attn.bias", ".attn.masked_bias"),
         gated_mlp=False,  # fc -> gelu -> proj
-        smoothquant=False,  # not written for GPT-2's fused Conv1D qkv yet
+        smoothquant=True,  # the smoothers of qkv and fc fold into the LayerNorms' weight and bias
         decoder_layer=r"(^|\.)h\.\d+\.",  # transformer.h.N
     )
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -53,13 +53,31 @@ def gemm_groups(family: Family, hf_config: dict[str, Any], names: set[str]) -> l
         if match is None or match.group(2) not in GROUPS:
             continue
         layer = int(match.group(1))
+        members = [f"transformer.layers.{layer}.{m}" for m in GROUPS[match.group(2)]]
         modules = tuple(
             s.removesuffix(".weight")
-            for member in GROUPS[match.group(2)]
-            for s in rules[f"transformer.layers.{layer}.{member}"].sources
+            for member in members
+            if member in rules  # GPT-2's MLP has no gate
+            for s in rules[member].sources
         )
         groups.append(Group(layer, group_name(match.group(2)), modules))
     return sorted(groups, key=lambda g: (g.layer, list(GROUPS).index(f"{_lead(g.name)}")))
+
+
+def in_model(model: Any, group: Group) -> Group:
+    """The group with its modules named as in `model`: the hub's original GPT-2 files name
+    their tensors without the base model's prefix (`h.0.attn.c_attn`), which transformers adds
+    when it loads them (`transformer.h.0.attn.c_attn`, as calibration names it too)."""
+    prefix = getattr(model, "base_model_prefix", "")
+
+    def path(module: str) -> str:
+        try:
+            model.get_submodule(module)
+        except AttributeError:
+            return f"{prefix}.{module}" if prefix else module
+        return module
+
+    return replace(group, modules=tuple(path(m) for m in group.modules))
 
 
 def _lead(name: str) -> str:
@@ -73,7 +91,8 @@ class Simulation:
 
     def __init__(self, model: Any, groups: list[Group], stats: dict[str, torch.Tensor],
                  per_token: bool) -> None:  # fmt: skip
-        self.model, self.groups, self.stats, self.per_token = model, groups, stats, per_token
+        self.model, self.stats, self.per_token = model, stats, per_token
+        self.groups = [in_model(model, g) for g in groups]
         self.alphas: dict[str, float | None] = {}
 
     @contextmanager
