@@ -204,3 +204,16 @@ def test_hub_model_is_refused_from_its_config_before_the_weights(
     with pytest.raises(UnsupportedModelError, match="MambaForCausalLM is not supported"):
         run(make_spec(model="org/mamba", out=tmp_path / "e", triton_root=tmp_path / "t"))
     assert not (tmp_path / "e").exists()
+
+
+def test_a_local_model_is_read_once_for_its_digests(tiny_llama: Path, tmp_path: Path) -> None:
+    """Fetching a local directory hashes the source once (its content revision) and the copy
+    on the way as it is written: the stage's record reads no byte of hf/ again."""
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
+
+    size = sum(p.stat().st_size for p in tiny_llama.iterdir() if p.is_file())
+    result = run(make_spec(model=str(tiny_llama), out=tmp_path / "e", triton_root=tmp_path / "t"),
+                 only=("fetch",))  # fmt: skip
+    assert result.records[0].status == "ran"
+    assert size <= result.hashed_bytes < 1.2 * size  # a second read would make it 2x

@@ -40,6 +40,5 @@ class FetchStage:
         }
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
-        return fetch_model(
-            ctx.source, work, allow_pickle=ctx.spec.allow_pickle, offline=ctx.offline
-        )
+        return fetch_model(ctx.source, work, allow_pickle=ctx.spec.allow_pickle,
+                           offline=ctx.offline, digests=ctx.digests)  # fmt: skip

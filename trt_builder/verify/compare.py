@@ -102,8 +102,9 @@ def compare(
     agree = total = 0
     kl_sum = 0.0
     max_err = 0.0
-    for (text, ids), cand_cont in zip(prompts, cand_conts, strict=True):
-        ref_cont = hf_greedy(reference, ids, max_new_tokens, stop, device)
+    ref_conts = hf_greedy_batch(reference, [ids for _, ids in prompts], max_new_tokens, stop,
+                                device, pad_id)  # fmt: skip
+    for (text, ids), cand_cont, ref_cont in zip(prompts, cand_conts, ref_conts, strict=True):
         seq = torch.tensor(ids + ref_cont)
         ref_text = tokenizer.decode(ref_cont, skip_special_tokens=True)
         cand_text = cand_tok.decode(cand_cont, skip_special_tokens=True)
@@ -204,19 +205,34 @@ def perplexity(
     }
 
 
-def hf_greedy(
-    model: Any, ids: list[int], max_new_tokens: int, stop: set[int], device: str
-) -> list[int]:
+def hf_greedy_batch(
+    model: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop: set[int],
+    device: str,
+    pad_id: int = 0,
+) -> list[list[int]]:
+    """The transformers model's greedy continuations of every prompt in one left-padded batch
+    (one generate call: on 2 cores, ten one-prompt calls spent 9 s in generate's per-step
+    overhead); each ends after its first end id."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([ids], device=device),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+            ids,
+            attention_mask=mask,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=sorted(stop) or None,
-            pad_token_id=next(iter(stop), 0),
+            pad_token_id=pad_id,
         )
-    return out[0, len(ids) :].tolist()
+    conts = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+        conts.append(row[:end])
+    return conts
 
 
 RUNTIMES = ("reference", "tensorrt-llm", "triton")
