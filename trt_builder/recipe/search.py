@@ -159,6 +159,30 @@ def _fit_hook(group: Group, module: Any, wmax: torch.Tensor, ax: torch.Tensor, a
     return hook
 
 
+def _halving(
+    sim: Simulation,
+    scorer: _Scorer,
+    trials: dict[str, dict[str, float | None]],
+    progress: Any,
+) -> tuple[dict[str, dict[str, torch.Tensor]], list[str]]:
+    """Successive halving: every candidate on the first half of the windows, the two with the
+    least mean KL on the rest too. (Per-window figures by candidate, the finalists.)"""
+    half = slice(0, max(1, scorer.batches // 2))
+    rest = slice(half.stop, None)
+    per_window: dict[str, dict[str, torch.Tensor]] = {}
+    for name, trial in trials.items():
+        progress(f"scoring {name}")
+        sim.alphas = trial
+        per_window[name] = scorer.windows(half)
+    finalists = sorted(per_window, key=lambda n: float(per_window[n]["kl"].mean()))[:2]
+    for name in finalists if rest.start < scorer.batches else ():
+        progress(f"scoring {name} on the other half")
+        sim.alphas = trials[name]
+        more = scorer.windows(rest)
+        per_window[name] = {k: torch.cat((v, more[k])) for k, v in per_window[name].items()}
+    return per_window, finalists
+
+
 def search(
     hf_dir: Path,
     calibration: Path,
@@ -198,24 +222,12 @@ def search(
         fitted, sensitivity = fit_per_layer(sim, fit_ids, choice.grid, batch, first)
         progress("the float model's log-probabilities")
         scorer = _Scorer(model, ids, batch, first)
-        # Successive halving: every candidate on the first half of the windows, the two best
-        # (by mean KL) on the rest too; the choice is made on all of them.
-        half = slice(0, max(1, scorer.batches // 2))
-        rest = slice(half.stop, None)
-        trials: dict[str, dict[str, float | None]] = {f"alpha {a}": {g.key: a for g in groups}
-                                                      for a in choice.alphas}  # fmt: skip
+        trials: dict[str, dict[str, float | None]] = {
+            f"alpha {a}": {g.key: a for g in groups} for a in choice.alphas
+        }
         trials["per layer"] = {k: v for k, v in fitted.items()}
-        per_window: dict[str, dict[str, torch.Tensor]] = {}
-        for name, trial in trials.items():
-            progress(f"scoring {name}")
-            sim.alphas = trial
-            per_window[name] = scorer.windows(half)
-        finalists = sorted(per_window, key=lambda n: float(per_window[n]["kl"].mean()))[:2]
-        for name in finalists if rest.start < scorer.batches else ():
-            progress(f"scoring {name} on the other half")
-            sim.alphas = trials[name]
-            more = scorer.windows(rest)
-            per_window[name] = {k: torch.cat((v, more[k])) for k, v in per_window[name].items()}
+        per_window, finalists = _halving(sim, scorer, trials, progress)
+    del model, sim
     candidates: list[dict[str, Any]] = [
         {"name": name, "alpha": float(name.split()[1]) if name != "per layer" else "per layer",
          "windows": int(per_window[name]["kl"].numel()), **figures(per_window[name])}
@@ -226,9 +238,7 @@ def search(
     winner, runner = ranked[0], ranked[-1]
     diff = per_window[str(runner["name"])]["kl"] - per_window[str(winner["name"])]["kl"]
     lead, lead_se = _mean_se(diff)
-    shared = min(
-        int(v["kl"].numel()) for v in per_window.values()
-    )  # the windows all were scored on
+    shared = min(int(v["kl"].numel()) for v in per_window.values())  # every candidate's windows
     best_global = min((n for n in trials if n != "per layer"),
                       key=lambda n: float(per_window[n]["kl"][:shared].mean()))  # fmt: skip
     layered = winner["alpha"] == "per layer"
