@@ -68,12 +68,16 @@ def _layer_tensors(
         module = sources[name][0].removesuffix(".weight")
         return stats[f"{module}.input_absmax"].to(floats[name].device)
 
-    def ay(name: str) -> torch.Tensor:
+    def ay(name: str) -> torch.Tensor:  # on the weights' device, as ax (meta when planning)
         if kv is not None and name == "attention.qkv.weight":
-            return kv.qkv_range
-        return torch.stack(
-            [stats[f"{s.removesuffix('.weight')}.output_absmax"].amax() for s in sources[name]]
-        ).amax()
+            return kv.qkv_range.to(floats[name].device)
+        return (
+            torch.stack(
+                [stats[f"{s.removesuffix('.weight')}.output_absmax"].amax() for s in sources[name]]
+            )
+            .amax()
+            .to(floats[name].device)
+        )
 
     smoothed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (W', s)
     static_in: dict[str, torch.Tensor] = {}  # name -> scale_to_int of its input
