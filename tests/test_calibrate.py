@@ -38,7 +38,7 @@ def test_statistics_match_an_independent_computation(tiny_llama: Path, tmp_path:
         for i in range(2)
         for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-        for kind in ("input_absmax", "output_absmax")
+        for kind in ("input_absmax", "input_sqmean", "output_absmax")
     }  # fmt: skip
 
 

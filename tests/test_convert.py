@@ -214,3 +214,17 @@ def test_no_input_mapping_outlives_its_tensor(
     monkeypatch.setattr(convert_module, "load_sources", counting)
     _convert(tiny_llama, tmp_path / "ck", FloatMode("float16"))
     assert len(seen) == 17 and max(seen) == 0
+
+
+def test_int8_wo_clipping_refuses_statistics_without_mean_squares(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """A calibration from before input_sqmean existed names the fix."""
+    (tmp_path / "cal").mkdir()
+    save_file({"model.layers.0.self_attn.q_proj.input_absmax": torch.ones(64)},
+              str(tmp_path / "cal" / "calibration.safetensors"))  # fmt: skip
+    with pytest.raises(ConversionError, match=r"no input_sqmean .* calibrate --force\)$"):
+        convert_checkpoint(
+            tiny_llama, tmp_path / "ck", WeightOnlyInt8(), calibration=tmp_path / "cal"
+        )
+    assert not (tmp_path / "ck").exists()

@@ -53,7 +53,7 @@ def test_llama3_rope_scaling_matches_transformers(tokenizer_dir: Path, tmp_path:
 
 
 def test_w8a16_executes_per_channel_int8_weights(tiny_llama: Path, tmp_path: Path) -> None:
-    model = _run(tiny_llama, tmp_path, WeightOnlyInt8())
+    model = _run(tiny_llama, tmp_path, WeightOnlyInt8(clip=False))  # the builder's rounding
     w = model.w["transformer.layers.0.mlp.fc.weight"]
     used = model._dense["transformer.layers.0.mlp.fc.weight"]
     scale = (w.float().abs().amax(1, keepdim=True) / 128).half().float()

@@ -89,7 +89,13 @@ def test_modes_dispatch_by_dtype() -> None:
     assert BuildSpec(dtype="int8-wo", kv_cache="int8").variant == "int8-wo-kv8-tp1-pp1"
     assert BuildSpec(dtype="float16", kv_cache="int8").mode == FloatMode("float16", kv_int8=True)
     assert BuildSpec(dtype="bfloat16", kv_cache="int8").mode.needs_calibration
-    assert not BuildSpec(dtype="int8-wo").mode.needs_calibration
+    # int8-wo calibrates for its clipping unless the spec turns it off (--no-wo-clip)
+    assert BuildSpec(dtype="int8-wo").mode.needs_calibration
+    plain = make_spec(**{"dtype": "int8-wo", "int8.wo_clip": False}).mode
+    assert plain == WeightOnlyInt8(clip=False) and not plain.needs_calibration
+    assert plain.to_json()["version"] == 2 and plain.name == "int8-wo"
+    with pytest.raises(SpecError, match="int8.wo_clip must be true or false"):
+        Int8Options(wo_clip="no")  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):
         Int8Options(alpha="high")
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):

@@ -1,11 +1,14 @@
 """Calibration: activation statistics of the transformers model over a calibration set.
 
 For every linear layer of the decoder: the absolute maximum of its input per input channel (what
-SmoothQuant's smoother and static activation scales need) and of its output per output channel
+SmoothQuant's smoother and static activation scales need), the mean square of its input per
+input channel over every token (INT8 weight-only clipping weighs each weight column's error by
+it, trt_builder/convert/clipping.py), and the absolute maximum of its output per output channel
 (static output scales take their maximum; the INT8 KV cache balances K and V channels with the
 q/k/v_proj ones, docs/quantization.md). The statistics are an artifact of their own
 (`calibration.safetensors` + `calibration.json`), keyed by the model, the calibration set and
-the sampling knobs only: changing alpha, granularity or the KV-cache choice reuses them.
+the sampling knobs only: changing alpha, granularity, clipping or the KV-cache choice reuses
+them.
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ from .corpus import load_texts, make_samples
 
 class _Recorder:
     """Forward hooks on the decoder's linear layers (where the family's registry entry says its
-    decoder layers and vision tower are): running absmax per channel of inputs and of outputs."""
+    decoder layers and vision tower are): running absmax per channel of inputs and of outputs,
+    and a running sum of squares (float64) and token count of inputs."""
 
     def __init__(self, model: torch.nn.Module, family: Family) -> None:
         self.inputs: dict[str, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
+        self.squares: dict[str, torch.Tensor] = {}
+        self.tokens: dict[str, int] = {}  # from shapes: counting needs no synchronisation
         self.handles = []
         from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
 
@@ -52,14 +58,19 @@ class _Recorder:
     def _hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
             # kept where the layer runs (no synchronisation per call); moved to the CPU once
-            x, y = args[0].detach(), output.detach()
-            ax = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            y = output.detach()
+            ax = x.abs().amax(dim=0).float()
             ay = y.abs().reshape(-1, y.shape[-1]).amax(dim=0).float()
+            sq = x.float().square().sum(dim=0).double()  # float32 within a batch, float64 across
             if name in self.inputs:
                 torch.maximum(self.inputs[name], ax, out=self.inputs[name])
                 torch.maximum(self.outputs[name], ay, out=self.outputs[name])
+                self.squares[name] += sq
+                self.tokens[name] += x.shape[0]
             else:
                 self.inputs[name], self.outputs[name] = ax, ay
+                self.squares[name], self.tokens[name] = sq, x.shape[0]
 
         return hook
 
@@ -70,6 +81,8 @@ class _Recorder:
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {f"{n}.input_absmax": t.cpu() for n, t in self.inputs.items()}
         out.update({f"{n}.output_absmax": t.cpu() for n, t in self.outputs.items()})
+        for n, total in self.squares.items():
+            out[f"{n}.input_sqmean"] = (total / self.tokens[n]).float().cpu()
         return out
 
 
@@ -123,7 +136,7 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
         "dataset_digest": digest,
         "documents": len(texts),
         "tokens": int(ids.numel()),
-        "linears": len(stats) // 2,
+        "linears": sum(name.endswith(".input_absmax") for name in stats),
         "seconds": seconds,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
@@ -136,7 +149,8 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
 
 
 def load_stats(directory: Path) -> dict[str, torch.Tensor]:
-    """The statistics of a calibration directory, by `<HF linear>.input_absmax` / `.output_absmax`."""
+    """The statistics of a calibration directory, by `<HF linear>.input_absmax`, `.input_sqmean`
+    and `.output_absmax`."""
     from safetensors.torch import load_file
 
     path = directory / "calibration.safetensors"

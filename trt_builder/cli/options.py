@@ -91,6 +91,12 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         type=click.Choice(["per-token", "per-tensor"]),
         help="INT8 activation scales: per-token (default, dynamic) or per-tensor (static).",
     ),
+    click.option(
+        "--wo-clip/--no-wo-clip",
+        default=None,
+        help="For --dtype int8-wo: clip each weight row where that lowers the calibrated output "
+        "error (default), or leave the builder's plain rounding (no calibration).",
+    ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),
     click.option(
@@ -250,5 +256,5 @@ SPEC_KEYS: dict[str, str] = {
     "heldout_tokens": "verify.heldout_tokens", "calib_dataset": "calibrate.dataset",
     "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",
     "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device", "kv_cache": "kv_cache",
-    "sq_alpha": "int8.alpha", "sq_granularity": "int8.granularity",
+    "sq_alpha": "int8.alpha", "sq_granularity": "int8.granularity", "wo_clip": "int8.wo_clip",
 }  # fmt: skip

@@ -1,7 +1,8 @@
 """HF checkpoint -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors), streamed.
 
 Every name and shape is checked against the config before anything is written; then one HF
-tensor set at a time is read, combined, checked for NaN/Inf, cast, split into its ranks and
+tensor set at a time is read, combined (rewritten for the INT8 KV cache, then clipped for INT8
+weight-only, both from the calibration), checked for NaN/Inf, cast, split into its ranks and
 written at its place in each rank file. Peak memory is about the largest tensor, whatever the
 model's size.
 """
@@ -17,19 +18,22 @@ import torch
 
 from ..calibrate.stats import load_stats
 from ..checkpoint.mapping import Mapping
-from ..checkpoint.parallel import shard
+from ..checkpoint.parallel import shard, tp_kind
 from ..checkpoint.safetensors_io import SafetensorsIndex, StreamingWriter
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
-from ..spec.modes import QuantMode
+from ..spec.modes import QuantMode, WeightOnlyInt8
+from .clipping import CLIPPED_LINEARS, ClipTally, clip_weight
 from .kvcache import balance, qkv_ranges, refuse_unsupported
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
 #: How a rule's source tensors are rewritten before they are split and cast (the INT8 KV
-#: cache's balancing, trt_builder/convert/kvcache.py), by TensorRT-LLM name.
-Rewrite = dict[str, Callable[[list[torch.Tensor]], list[torch.Tensor]]]
+#: cache's balancing, trt_builder/convert/kvcache.py; INT8 weight-only clipping, clipping.py),
+#: by TensorRT-LLM name.
+Transform = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+Rewrite = dict[str, Transform]
 
 
 def _stream(
@@ -61,7 +65,7 @@ def _write_one(
     writers: list[StreamingWriter],
     mapping: Mapping,
     dtype: torch.dtype,
-    rewrite: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+    rewrite: Transform | None = None,
 ) -> None:
     """Map, split, cast, check and write one tensor, a block at a time. Its own function so
     that every view of the input mapping is gone when it returns."""
@@ -85,15 +89,23 @@ def convert_checkpoint(
     calibration: Path | None = None,
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary. The
-    INT8 KV cache (`mode.kv_int8`) takes its scales from the statistics in `calibration`."""
+    INT8 KV cache (`mode.kv_int8`) takes its scales from the statistics in `calibration`, and
+    INT8 weight-only clipping (`mode.clip`) its weighting; without them the weights are
+    written unclipped (the builder's plain rounding)."""
     family, config, rules, index, notes = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
     mapping = Mapping.from_config(config)
     dtype = torch_dtype(config["dtype"])
     rewrite: Rewrite = {}
     extras: dict[str, torch.Tensor] = {}
-    if getattr(mode, "kv_int8", False):
-        with index:  # closed here if the statistics are refused
-            rewrite, extras = _kv_cache(config, family, rules, calibration)
+    inputs: dict[str, torch.Tensor] = {}
+    tally = ClipTally()
+    with index:  # closed here if the statistics are refused
+        if getattr(mode, "kv_int8", False):
+            rewrite, extras, inputs = _kv_cache(config, family, rules, calibration)
+        if isinstance(mode, WeightOnlyInt8) and mode.clip and calibration is not None:
+            rewrite = _clipping(
+                rules, load_stats(calibration), rewrite, inputs, dtype, mapping.tp, tally
+            )
     plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
     for rule in rules:  # shapes per rank, from the same split code run on meta tensors
         for rank, name, pieces in shard(
@@ -117,14 +129,18 @@ def convert_checkpoint(
                 writers[rank].write(name, pieces)
     if extras:
         config["quantization"]["kv_cache_quant_algo"] = "INT8"
-    return finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
+    summary = finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
+    if tally.rows:
+        summary["weight_clipping"] = tally.summary()
+    return summary
 
 
 def _kv_cache(
     config: dict[str, Any], family: Family, rules: list[TensorRule], calibration: Path | None
-) -> tuple[Rewrite, dict[str, torch.Tensor]]:
+) -> tuple[Rewrite, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The INT8 KV cache on a float or weight-only checkpoint: the balancing rewrite of every
-    layer's qkv rows and dense input columns, and each layer's kv_cache_scaling_factor."""
+    layer's qkv rows and dense input columns, each layer's kv_cache_scaling_factor, and the
+    factor dense's input channels now come multiplied by, by weight name."""
 
     refuse_unsupported(config, family, {r.name for r in rules})
     v_channels = config["quantization"]["quant_algo"] != "W8A16"  # see kvcache.balance
@@ -133,6 +149,7 @@ def _kv_cache(
     stats = load_stats(calibration)
     rewrite: Rewrite = {}
     extras: dict[str, torch.Tensor] = {}
+    inputs: dict[str, torch.Tensor] = {}
     for rule in rules:
         if not rule.name.endswith(".attention.qkv.weight"):
             continue
@@ -140,11 +157,59 @@ def _kv_cache(
         kv = balance(qkv_ranges(stats, rule.sources), config, v_channels=v_channels)
         rewrite[rule.name] = rewrite[prefix + "qkv.bias"] = _scale_rows(kv.qkv_rows)
         rewrite[prefix + "dense.weight"] = _scale_columns(1.0 / kv.dense_in)
+        inputs[prefix + "dense.weight"] = kv.dense_in
         extras[prefix + "kv_cache_scaling_factor"] = kv.scale
-    return rewrite, extras
+    return rewrite, extras, inputs
 
 
-def _scale_rows(factors: torch.Tensor) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def _clipping(
+    rules: list[TensorRule],
+    stats: dict[str, torch.Tensor],
+    rewrite: Rewrite,
+    inputs: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    tp: int,
+    tally: ClipTally,
+) -> Rewrite:
+    """`rewrite` with INT8 weight-only clipping after it on every clipped linear (the builder
+    quantizes the final weights). `inputs`: factors their input channels come multiplied by
+    (W' = W / f, x' = x f: E[x'^2] = E[x^2] f^2)."""
+    out = dict(rewrite)
+    for rule in rules:
+        if not (
+            rule.name.startswith("transformer.layers.") and rule.name.endswith(CLIPPED_LINEARS)
+        ):
+            continue
+        module = rule.sources[0].removesuffix(".weight")  # q/k/v and gate/up share one input
+        if f"{module}.input_sqmean" not in stats:
+            raise ConversionError(
+                f"the calibration has no input_sqmean for {module}: recalibrate this model "
+                "(trt-builder calibrate --force)"
+            )
+        sqmean = stats[f"{module}.input_sqmean"].float()
+        if rule.name in inputs:
+            sqmean = sqmean * inputs[rule.name].float().square()
+        # row-parallel ranks each quantize their slice of the columns: one search per slice
+        slices = tp if tp_kind(rule.name) == "row" else 1
+        out[rule.name] = _then(rewrite.get(rule.name), _clip(sqmean, dtype, slices, tally))
+    return out
+
+
+def _clip(sqmean: torch.Tensor, dtype: torch.dtype, slices: int, tally: ClipTally) -> Transform:
+    """Clip the rows of each part (q, k, v), each of its `slices` column slices on its own."""
+
+    def one(part: torch.Tensor) -> torch.Tensor:
+        pieces = zip(part.chunk(slices, 1), sqmean.chunk(slices), strict=True)
+        return torch.cat([clip_weight(w, s, dtype, tally) for w, s in pieces], 1)
+
+    return lambda parts: [one(part) for part in parts]
+
+
+def _then(first: Transform | None, second: Transform) -> Transform:
+    return second if first is None else lambda parts: second(first(parts))
+
+
+def _scale_rows(factors: torch.Tensor) -> Transform:
     """Multiply the rows of the concatenated parts (e.g. q, k, v) by `factors`."""
 
     def apply(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -159,5 +224,5 @@ def _scale_rows(factors: torch.Tensor) -> Callable[[list[torch.Tensor]], list[to
     return apply
 
 
-def _scale_columns(factors: torch.Tensor) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def _scale_columns(factors: torch.Tensor) -> Transform:
     return lambda parts: [part.float() * factors[None, :] for part in parts]

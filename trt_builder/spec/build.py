@@ -117,10 +117,12 @@ class VerifyOptions:
 
 @dataclass(frozen=True)
 class Int8Options:
-    """The SmoothQuant recipe of --dtype int8: smoothing strength and activation granularity."""
+    """The INT8 recipes: SmoothQuant's smoothing strength and activation granularity (--dtype
+    int8), weight-only's calibrated clipping (--dtype int8-wo)."""
 
     alpha: float | str = "auto"  # "auto": searched on the corpus's search split (recipe.py)
     granularity: str = "per-token"  # or "per-tensor" (static activation scales)
+    wo_clip: bool = True  # false: the builder's plain rounding, no calibration
 
     def __post_init__(self) -> None:
         if self.alpha != "auto":
@@ -133,6 +135,8 @@ class Int8Options:
             object.__setattr__(self, "alpha", alpha)
         if self.granularity not in ("per-token", "per-tensor"):
             raise SpecError("int8.granularity must be per-token or per-tensor")
+        if not isinstance(self.wo_clip, bool):
+            raise SpecError("int8.wo_clip must be true or false")
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,8 @@ class BuildSpec:
     def mode(self) -> QuantMode:
         alpha = None if self.int8.alpha == "auto" else float(self.int8.alpha)
         return mode_for(self.dtype, kv_cache=self.kv_cache, alpha=alpha,
-                        granularity=self.int8.granularity)[0]  # fmt: skip
+                        granularity=self.int8.granularity,
+                        wo_clip=self.int8.wo_clip)[0]  # fmt: skip
 
     @property
     def mode_notice(self) -> str | None:

@@ -42,11 +42,14 @@ class FloatMode:
 class WeightOnlyInt8:
     """W8A16: int8 weights with one scale per output channel (amax/128), activations in `dtype`.
 
-    qkv, dense, fc, gate and proj are quantized; embeddings, norms and lm_head are not.
+    qkv, dense, fc, gate and proj are quantized; embeddings, norms and lm_head are not. `clip`:
+    each row of qkv, dense, fc and gate is written clamped to the fraction of its range that
+    minimises the calibrated output error of the builder's rounding (convert/clipping.py).
     """
 
     dtype: str = "float16"
     kv_int8: bool = False  # the INT8 KV cache (calibrated, trt_builder/convert/kvcache.py)
+    clip: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float16", "bfloat16"):
@@ -56,7 +59,7 @@ class WeightOnlyInt8:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.kv_int8
+        return self.kv_int8 or self.clip
 
     @property
     def name(self) -> str:
@@ -67,7 +70,7 @@ class WeightOnlyInt8:
         return "W8A16"
 
     def to_json(self) -> dict:
-        return {"mode": "weight_only_int8", "version": 1, **asdict(self)}
+        return {"mode": "weight_only_int8", "version": 2, **asdict(self)}  # 2: clip
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def mode_for(
     kv_cache: str = "model",
     alpha: float | None = None,
     granularity: str = "per-token",
+    wo_clip: bool = True,
 ) -> tuple[QuantMode, str | None]:
     """Return the mode for a `--dtype` value (and the INT8 options) and a notice, if any."""
     if kv_cache not in KV_CACHE_CHOICES:
@@ -135,5 +139,5 @@ def mode_for(
     if dtype in FLOAT_DTYPES:
         return FloatMode(dtype, kv_int8), None
     if dtype == "int8-wo":
-        return WeightOnlyInt8(kv_int8=kv_int8), None
+        return WeightOnlyInt8(kv_int8=kv_int8, clip=wo_clip), None
     raise SpecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
