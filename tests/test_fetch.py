@@ -207,8 +207,10 @@ def test_hub_model_is_refused_from_its_config_before_the_weights(
 
 
 def test_a_local_model_is_read_once_for_its_digests(tiny_llama: Path, tmp_path: Path) -> None:
-    """Fetching a local directory hashes the source once (its content revision) and the copy
-    on the way as it is written: the stage's record reads no byte of hf/ again."""
+    """Fetching a local directory hashes the source once (its content revision); the copies
+    take the source's digests, and the stage's record reads no byte of hf/ again. The digests
+    remembered are the copies' own."""
+    from trt_builder.core.digests import DigestCache, sha256_file
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
 
@@ -217,3 +219,32 @@ def test_a_local_model_is_read_once_for_its_digests(tiny_llama: Path, tmp_path: 
                  only=("fetch",))  # fmt: skip
     assert result.records[0].status == "ran"
     assert size <= result.hashed_bytes < 1.2 * size  # a second read would make it 2x
+    memo = DigestCache(tmp_path / "e" / ".trt-builder" / "digests.json")
+    copies = [p for p in Path(result.layout.hf).iterdir() if p.name != "stage.json"]
+    assert {p.name for p in copies} >= {"config.json", "model.safetensors"}
+    assert all(memo.known(p) == sha256_file(p) for p in copies)
+
+
+def test_a_first_build_imports_torch_while_fetch_runs(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head start on torch and transformers is taken on a first build only (fetch runs,
+    torch stages follow), and never outlives the run; fetch alone or a rerun takes none."""
+    import threading
+
+    from trt_builder.pipeline import build
+    from trt_builder.spec.build import make_spec
+
+    started: list[str] = []
+    monkeypatch.setattr(
+        build, "_import_torch", lambda: started.append(threading.current_thread().name)
+    )
+    spec = make_spec(model=str(tiny_llama), out=tmp_path / "e", triton_root=tmp_path / "t")
+    build.run(spec, only=("fetch",))
+    assert started == []
+    build.run(spec, only=("fetch", "convert"))  # fetch cached: convert imports torch itself
+    assert started == []
+    other = make_spec(model=str(tiny_llama), out=tmp_path / "e2", triton_root=tmp_path / "t")
+    build.run(other, only=("fetch", "convert"))
+    assert started == ["warm-imports"]
+    assert not any(t.name == "warm-imports" for t in threading.enumerate())

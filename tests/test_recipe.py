@@ -73,12 +73,21 @@ def test_the_simulation_is_converting_and_running(
         assert torch.equal(model(ids).logits.float().flatten(0, 1), floats)
 
 
-def test_the_recipe_stage(tiny_llama: Path, tmp_path: Path) -> None:
-    """`--dtype int8` (alpha auto) runs the search as its own stage; its recipe is all it
-    writes, convert builds the recipe's alphas, and a variant that differs only in the KV cache
-    reuses the recipe."""
+def test_the_recipe_stage(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--dtype int8` (alpha auto) runs the search as its own stage on the model calibrate
+    loaded; its recipe is all it writes, convert builds the recipe's alphas, and a variant that
+    differs only in the KV cache reuses the recipe."""
+    from trt_builder.calibrate import stats
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
+
+    loads: list[object] = []
+    real_load = stats.load_hf_model
+    monkeypatch.setattr(
+        stats, "load_hf_model", lambda *a, **kw: loads.append(1) or real_load(*a, **kw)
+    )
 
     def build(**kw: object) -> tuple[dict[str, str], object]:
         spec = make_spec(model=str(tiny_llama), dtype="int8", out=tmp_path / "e", triton_root=tmp_path / "t",
@@ -88,6 +97,7 @@ def test_the_recipe_stage(tiny_llama: Path, tmp_path: Path) -> None:
 
     statuses, result = build()
     assert statuses == {"fetch": "ran", "calibrate": "ran", "recipe": "ran", "convert": "ran"}
+    assert len(loads) == 1  # the search took the calibration's model
     records = {r.name: r for r in result.records}  # type: ignore[attr-defined]
     recipe_dir = Path(records["recipe"].output)
     assert sorted(p.name for p in recipe_dir.iterdir()) == ["recipe.json", "stage.json"]
@@ -116,3 +126,39 @@ def test_the_recipe_stage(tiny_llama: Path, tmp_path: Path) -> None:
                         "convert": "ran"}  # fmt: skip
     statuses, _ = build(**{"int8.alpha": 0.6})  # a fixed alpha needs no search
     assert "recipe" not in statuses and statuses["convert"] == "ran"
+    assert len(loads) == 1
+
+
+def test_a_handed_over_model_does_not_outlive_the_next_stage(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int8-wo calibrates, then converts: convert does not take the model, so it is gone
+    (freed) before convert starts, not held through convert and verify."""
+    import gc
+    import weakref
+
+    from trt_builder.calibrate import stats
+    from trt_builder.convert import model as convert_model_module
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
+
+    refs: list[weakref.ref[torch.nn.Module]] = []
+    real_load, real_convert = stats.load_hf_model, convert_model_module.convert_model
+
+    def load(*args: object, **kwargs: object) -> torch.nn.Module:
+        refs.append(weakref.ref(model := real_load(*args, **kwargs)))
+        return model
+
+    def convert(*args: object, **kwargs: object) -> object:
+        gc.collect()
+        alive.append(refs[0]() is not None)
+        return real_convert(*args, **kwargs)
+
+    alive: list[bool] = []
+    monkeypatch.setattr(stats, "load_hf_model", load)
+    monkeypatch.setattr(convert_model_module, "convert_model", convert)
+    spec = make_spec(model=str(tiny_llama), dtype="int8-wo", out=tmp_path / "e", triton_root=tmp_path / "t",
+                     **{"calibrate.samples": 8, "calibrate.seq_len": 64})  # fmt: skip
+    statuses = {r.name: r.status for r in run(spec, only=("fetch", "calibrate", "convert")).records}
+    assert statuses == {"fetch": "ran", "calibrate": "ran", "convert": "ran"}
+    assert len(refs) == 1 and alive == [False]

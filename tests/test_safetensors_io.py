@@ -202,6 +202,23 @@ def test_streamed_output_matches_the_library_and_goes_direct_where_allowed(
     assert sum(n for n, _ in direct) == ours.stat().st_size // 4096 * 4096
 
 
+def test_a_file_written_front_to_back_is_hashed_on_the_way(
+    tmp_path: Path, small_windows: list[tuple[int, int, int]]
+) -> None:
+    """Many windows, an unaligned tail: the digest handed over is the file's sha256. A write
+    out of order hands none (the stage's record then reads the file)."""
+    from trt_builder.core.digests import sha256_file
+
+    plan = {k: (v.dtype, tuple(v.shape)) for k, v in STREAMED.items()}
+    seen: dict[Path, str] = {}
+    for name, order in (("front.st", list(STREAMED)), ("shuffled.st", list(STREAMED)[::-1])):
+        with StreamingWriter(tmp_path / name, plan, None, seen.__setitem__) as writer:
+            for key in order:
+                writer.write(key, STREAMED[key])
+    assert seen == {tmp_path / "front.st": sha256_file(tmp_path / "front.st")}
+    assert sha256_file(tmp_path / "front.st") == sha256_file(tmp_path / "shuffled.st")
+
+
 def test_streamed_output_falls_back_to_buffered_writes(
     tmp_path: Path, small_windows: list[tuple[int, int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

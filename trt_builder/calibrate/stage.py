@@ -43,4 +43,4 @@ class CalibrateStage:
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         from .stats import calibrate  # torch and transformers: only when it runs
 
-        return calibrate(ctx.layout.hf, work, ctx.spec.calibrate)
+        return calibrate(ctx.layout.hf, work, ctx.spec.calibrate, handoff=ctx.handoff)

@@ -28,6 +28,7 @@ from ..models.registry import family_for
 from ..source.files import read_hf_config
 from ..source.hf import load_hf_model, pick_device
 from ..spec.build import CalibrationOptions
+from . import MODEL_HANDOFF
 from .corpus import load_texts, make_samples
 
 
@@ -111,8 +112,27 @@ def load_model(hf_dir: Path, device: str, offload: Path) -> Any:
     return load_hf_model(hf_dir)
 
 
-def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[str, Any]:
-    """Run the model over the calibration set and write the statistics into `out_dir`."""
+def hand_over(handoff: dict[str, Any], hf_dir: Path, device: str, model: Any) -> None:
+    """Leave the loaded model for the next stage (the recipe search loads the same one),
+    unless part of it lives in an offload folder that is about to be removed."""
+    if "disk" not in set(getattr(model, "hf_device_map", {}).values()):
+        handoff[MODEL_HANDOFF] = ((str(hf_dir.resolve()), device), model)
+
+
+def take_model(handoff: dict[str, Any], hf_dir: Path, device: str, offload: Path) -> Any:
+    """The model the calibration left (taken: it is used once), or `load_model`'s."""
+    key, model = handoff.pop(MODEL_HANDOFF, (None, None))
+    if key == (str(hf_dir.resolve()), device):
+        return model
+    del model
+    return load_model(hf_dir, device, offload)
+
+
+def calibrate(
+    hf_dir: Path, out_dir: Path, options: CalibrationOptions, handoff: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the model over the calibration set and write the statistics into `out_dir`; the
+    loaded model goes into `handoff` for the next stage (`hand_over`)."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -141,6 +161,8 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if handoff is not None:
+        hand_over(handoff, hf_dir, device, model)
     if (out_dir / "offload").exists():
         import shutil
 

@@ -11,6 +11,7 @@ windows; see docs/design.md.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import mmap
@@ -197,6 +198,9 @@ class _OutputStream:
     later write back a fresh page for every 4 KiB (on a small host that costs more CPU than the
     cast itself; docs/benchmarks.md). The unaligned tail, a write out of order, or a file system
     that refuses O_DIRECT use ordinary buffered writes.
+
+    The windows of a file written front to back are also hashed, in order, by a second thread:
+    the stage's record then needs no second read of a file of many GB (`sha256`).
     """
 
     ALIGN = 4096
@@ -210,11 +214,14 @@ class _OutputStream:
             except OSError:
                 self.direct = None  # e.g. tmpfs before Linux 6.6: buffered writes
         self.windows = [self._window(WINDOW_BYTES + STAGING_BYTES) for _ in range(2)]
-        self.pending: list[Future[None] | None] = [None, None]
+        self.pending: list[list[Future[None]]] = [[], []]
         self.turn = 0
         self.start = 0  # file offset of the current window's first byte
         self.fill = 0
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-writer")
+        self.hasher: Any = hashlib.sha256()  # None once a write comes out of order
+        self.hashed = 0  # bytes handed to the hasher, all from offset 0 on
+        self.hash_pool = ThreadPoolExecutor(1, thread_name_prefix="safetensors-hasher")
 
     @staticmethod
     def _window(size: int) -> torch.Tensor:
@@ -247,21 +254,31 @@ class _OutputStream:
             self._emit(self.fill)
             self.drain()
             self._close_direct()
+            self.hasher = None
             self.start, self.fill = offset, 0
+
+    @property
+    def sha256(self) -> str | None:
+        """The digest of the bytes written from offset 0 on, where they came in order."""
+        return None if self.hasher is None else self.hasher.hexdigest()
 
     def _emit(self, count: int) -> None:
         """Hand the first `count` bytes of the current window to the writer thread and carry
         the rest into the other window, once that one's last write is done."""
         other = 1 - self.turn
-        if self.pending[other] is not None:
-            self.pending[other].result()  # type: ignore[union-attr]
-            self.pending[other] = None
+        for job in self.pending[other]:
+            job.result()
+        self.pending[other] = []
         rest = self.fill - count
         source, target = self.windows[self.turn], self.windows[other]
         if rest > target.numel():
             target = self.windows[other] = self._window(rest)
         target[:rest].copy_(source[count : self.fill])
-        self.pending[self.turn] = self.pool.submit(self._write, source, count, self.start)
+        jobs = [self.pool.submit(self._write, source, count, self.start)]
+        if self.hasher is not None and self.start == self.hashed:
+            jobs.append(self.hash_pool.submit(self.hasher.update, source.numpy().data[:count]))
+            self.hashed += count
+        self.pending[self.turn] = jobs
         self.turn, self.start, self.fill = other, self.start + count, rest
 
     def _write(self, window: torch.Tensor, count: int, offset: int) -> None:
@@ -278,10 +295,10 @@ class _OutputStream:
         _pwrite_all(self.fd, data, offset)
 
     def drain(self) -> None:
-        for i, write in enumerate(self.pending):
-            if write is not None:
-                self.pending[i] = None
-                write.result()  # the writer thread's error (a full disk, say)
+        for i, jobs in enumerate(self.pending):
+            self.pending[i] = []
+            for job in jobs:
+                job.result()  # the writer thread's error (a full disk, say)
 
     def _close_direct(self) -> None:
         direct, self.direct = self.direct, None
@@ -294,11 +311,12 @@ class _OutputStream:
                 self._emit(self.fill)
                 self.drain()
             else:  # already failing: the file is discarded, its write errors do not matter
-                for write in self.pending:
-                    if write is not None:
-                        write.exception()
+                for jobs in self.pending:
+                    for job in jobs:
+                        job.exception()
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
+            self.hash_pool.shutdown(wait=True, cancel_futures=True)
             self._close_direct()
 
 
@@ -308,7 +326,8 @@ class StreamingWriter:
     Data is laid out in the plan's order (the safetensors library sorts by element size, then
     name; pass a plan in that order to get its exact bytes). Writing in that order streams the
     file front to back through `_OutputStream`; tensors may also come in any other order, at
-    some cost in speed. `close` checks that every planned tensor was written.
+    some cost in speed. `close` checks that every planned tensor was written, and hands a file
+    written front to back to `remember` with its sha256 (DigestCache.remember).
     """
 
     def __init__(
@@ -316,6 +335,7 @@ class StreamingWriter:
         path: Path,
         plan: dict[str, tuple[torch.dtype, tuple[int, ...]]],
         metadata: dict[str, str] | None = None,
+        remember: Callable[[Path, str], None] | None = None,
     ) -> None:
         def size(item: tuple[torch.dtype, tuple[int, ...]]) -> int:
             return math.prod(item[1]) * torch.empty((), dtype=item[0]).element_size()
@@ -336,7 +356,9 @@ class StreamingWriter:
         raw = struct.pack("<Q", len(raw) + -len(raw) % 8) + raw + b" " * (-len(raw) % 8)
         self.plan = plan
         self.base = len(raw)
+        self.size = self.base + offset
         self.path = path
+        self.remember = remember
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             # Reserve the blocks now: a full disk then fails here, with a clear error, before
@@ -411,3 +433,6 @@ class StreamingWriter:
             raise ValueError(
                 f"{self.path.name}: {len(self.pending)} planned tensor(s) never written, e.g. {min(self.pending)}"
             )
+        digest = self.stream.sha256
+        if self.remember is not None and digest is not None and self.stream.hashed == self.size:
+            self.remember(self.path, digest)

@@ -87,8 +87,10 @@ def convert_checkpoint(
     tp: int = 1,
     pp: int = 1,
     calibration: Path | None = None,
+    remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary. The
+    """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary
+    (`remember`: given each rank file's sha256, hashed as it was written). The
     INT8 KV cache (`mode.kv_int8`) takes its scales from the statistics in `calibration`, and
     INT8 weight-only clipping (`mode.clip`) its weighting; without them the weights are
     written unclipped (the builder's plain rounding)."""
@@ -119,7 +121,9 @@ def convert_checkpoint(
         stack.enter_context(index)
         writers = [
             stack.enter_context(
-                StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
+                StreamingWriter(
+                    out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"}, remember
+                )
             )
             for rank, plan in enumerate(plans)
         ]

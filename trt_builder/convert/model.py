@@ -5,6 +5,7 @@ weight-only modes (floats.py, with the INT8 KV cache's balancing), and SmoothQua
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from functools import singledispatch
 from pathlib import Path
@@ -27,24 +28,29 @@ def convert_model(
     pp: int,
     calibration: Path | None,
     recipe: Path | None = None,
+    remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir` in `mode`; the summary.
     `calibration`: the statistics directory, for the modes that need one; `recipe`: the
-    recipe stage's recipe.json, for SmoothQuant with alpha "auto"."""
+    recipe stage's recipe.json, for SmoothQuant with alpha "auto"; `remember`: given each
+    rank file's sha256, hashed as it was written (DigestCache.remember)."""
     raise TypeError(f"internal: no converter for {type(mode).__name__}")
 
 
 @convert_model.register(FloatMode)
 @convert_model.register(WeightOnlyInt8)
 def _float(mode: FloatMode | WeightOnlyInt8, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
-           calibration: Path | None, recipe: Path | None = None) -> dict[str, Any]:  # fmt: skip
+           calibration: Path | None, recipe: Path | None = None,
+           remember: Callable[[Path, str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     calibration = calibration if mode.needs_calibration else None
-    return convert_checkpoint(hf_dir, out_dir, mode, tp=tp, pp=pp, calibration=calibration)
+    return convert_checkpoint(hf_dir, out_dir, mode, tp=tp, pp=pp, calibration=calibration,
+                              remember=remember)  # fmt: skip
 
 
 @convert_model.register(SmoothQuant)
 def _smoothquant(mode: SmoothQuant, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
-                 calibration: Path | None, recipe: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                 calibration: Path | None, recipe: Path | None = None,
+                 remember: Callable[[Path, str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     assert calibration is not None  # SmoothQuant always calibrates
     found, per_layer = None, None
     if mode.alpha is None:  # the recipe stage chose them
@@ -54,7 +60,7 @@ def _smoothquant(mode: SmoothQuant, hf_dir: Path, out_dir: Path, *, tp: int, pp:
         per_layer = {int(k): v for k, v in found["alphas"].items()}
         mode = replace(mode, alpha=float(found["alpha"]))
     summary = convert_smoothquant(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp,
-                                  alphas=per_layer)  # fmt: skip
+                                  alphas=per_layer, remember=remember)  # fmt: skip
     if found is not None:
         write_json(out_dir / "recipe.json", found)  # trtllm-build reads only its own files
         summary["recipe"] = {k: found[k] for k in ("chosen", "alpha", "tokens", "device")}

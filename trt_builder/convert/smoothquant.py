@@ -22,6 +22,7 @@ TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,16 +138,18 @@ def convert_smoothquant(
     tp: int = 1,
     pp: int = 1,
     alphas: dict[int, dict[str, float]] | None = None,
+    remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
     """Convert `hf_dir` with the statistics in `calibration` into a SmoothQuant checkpoint;
-    `alphas` (layer -> group -> alpha, from the recipe search) overrides mode.alpha."""
+    `alphas` (layer -> group -> alpha, from the recipe search) overrides mode.alpha;
+    `remember` is given each rank file's sha256, hashed as it was written."""
     family, config, rules, index, notes = plan_conversion(
         hf_dir, FloatMode(mode.dtype), tp=tp, pp=pp
     )
     with ExitStack() as stack:
         stack.enter_context(index)  # closed on every way out, refusals included
         job = _Job.plan(mode, calibration, alphas, config, family, rules, index)
-        tensors = job.write(stack, out_dir)
+        tensors = job.write(stack, out_dir, remember)
     # config.json last, once every rank file is complete
     summary = finish(out_dir, config, family, tensors=tensors, notes=notes)
     return {**summary, "alpha": "per layer" if alphas else mode.alpha}
@@ -303,12 +306,16 @@ class _Job:
             add(rule.name, torch.empty(rule.shape, dtype=self.dtype, device="meta"))
         return plans
 
-    def write(self, stack: ExitStack, out_dir: Path) -> int:
+    def write(
+        self, stack: ExitStack, out_dir: Path, remember: Callable[[Path, str], None] | None
+    ) -> int:
         """Smooth, quantize and write every rank file; the count of tensors written."""
         plans = self.rank_plans()
         writers = [
             stack.enter_context(
-                StreamingWriter(out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"})
+                StreamingWriter(
+                    out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"}, remember
+                )
             )
             for rank, plan in enumerate(plans)
         ]

@@ -42,4 +42,5 @@ class ConvertStage:
         calibration = self._calibration(ctx) if mode.needs_calibration else None
         recipe = recipe_dir(ctx) / "recipe.json" if searches(ctx) else None
         return convert_model(mode, ctx.layout.hf, work, tp=ctx.spec.tp, pp=ctx.spec.pp,
-                             calibration=calibration, recipe=recipe)  # fmt: skip
+                             calibration=calibration, recipe=recipe,
+                             remember=ctx.digests.remember)  # fmt: skip

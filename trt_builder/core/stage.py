@@ -46,6 +46,9 @@ class BuildContext:
     notices: list[str] = field(default_factory=list)
     memory: MemoryPlan | None = None  # the engine's memory plan, once limits are resolved
     progress: Callable[[str], None] = lambda _text: None  # a running stage's phase line
+    # What a stage leaves in memory for the next one of the same process (the calibration's
+    # loaded model, for the recipe search); the pipeline drops it after that next stage.
+    handoff: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -168,6 +169,7 @@ def run(
     ctx = prepare(spec, force=force, offline=offline)
     result = BuildResult(spec, ctx.layout, notices=ctx.notices, dry_run=dry_run)
     emit = listener or (lambda *_: None)
+    warm = None if dry_run else _warm_imports(ctx, only)
     try:
         if dry_run:
             _dry_run(ctx, only, result)
@@ -181,6 +183,8 @@ def run(
     except TrtBuilderError as exc:  # what ran before it stays in the result
         result.error = exc
     finally:
+        if warm is not None:  # never left running into the interpreter's exit
+            warm.join()
         if not dry_run:  # a dry run leaves the disk as it found it
             ctx.digests.save()
         result.spec = ctx.spec  # with the limits the memory plan set
@@ -189,6 +193,30 @@ def run(
     if check and result.error is not None:
         raise result.error
     return result
+
+
+_TORCH_STAGES = frozenset({"calibrate", "recipe", "convert", "verify"})
+
+
+def _warm_imports(ctx: BuildContext, only: tuple[str, ...]) -> threading.Thread | None:
+    """On a first build (fetch will run, and stages that need torch after it), import torch
+    and transformers on a thread while fetch copies and hashes the model: on the H200 host a
+    fresh process spends 14 s on them, which the first such stage would otherwise wait for."""
+    if "fetch" not in only or not _TORCH_STAGES & set(only):
+        return None
+    if plan_stage(FetchStage(), ctx).status != "pending":
+        return None
+    thread = threading.Thread(target=_import_torch, name="warm-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_torch() -> None:
+    try:
+        import safetensors.torch  # noqa: F401
+        import transformers.modeling_utils  # noqa: F401
+    except BaseException:  # only a head start: the stage that needs them imports them itself
+        return
 
 
 def _dry_run(ctx: BuildContext, only: tuple[str, ...], result: BuildResult) -> None:
@@ -233,12 +261,18 @@ def _run_one(
     emit("start", stage.name, None)
     ctx.progress = _progress(emit, stage.name)
     out = stage.output_dir(ctx)
+    for key in [k for k in ctx.handoff if k not in getattr(stage, "takes", ())]:
+        del ctx.handoff[key]  # what the stage before left in memory, and this one does not take
+    left = list(ctx.handoff)
     try:  # outputs shared between variants (hf/) need a lock of their own
         with locked(out.parent / f".{out.name}.lock", lock_timeout):
             record = run_stage(stage, ctx)
     except BaseException:
         emit("abort", stage.name, None)
         raise
+    finally:
+        for key in left:  # taken or not, it does not outlive this stage
+            ctx.handoff.pop(key, None)
     result.records.append(record)
     for note in record.details.get("notes") or []:  # e.g. "the vision tower is not converted"
         if note not in ctx.notices:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..calibrate.corpus import corpus_windows
-from ..calibrate.stats import load_model, load_stats
+from ..calibrate.stats import load_stats, take_model
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..models.registry import family_for
 from ..source.files import read_hf_config, weight_files
@@ -192,9 +192,11 @@ def search(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
+    handoff: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recipe: every candidate's figures, the chosen alphas (global, and per layer and
-    group), each group's sensitivity; as recipe.json holds it."""
+    group), each group's sensitivity; as recipe.json holds it. The model is the one the
+    calibration left in `handoff` where it is there (the same load), else loaded."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -212,7 +214,7 @@ def search(
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         names = set(index.names())
     groups = gemm_groups(family, hf_config, names)
-    model = load_model(hf_dir, device, offload).eval()
+    model = take_model({} if handoff is None else handoff, hf_dir, device, offload).eval()
     first = str(next(model.parameters()).device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
 from ..core.stage import BuildContext
 from .candidates import SearchSet, recipe_dir, searches
@@ -20,6 +21,7 @@ class RecipeStage:
     name: ClassVar[str] = "recipe"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    takes: ClassVar[tuple[str, ...]] = (MODEL_HANDOFF,)  # the model calibrate loaded
 
     def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
         return searches(ctx)
@@ -49,7 +51,8 @@ class RecipeStage:
         try:
             recipe = search(ctx.layout.hf, self._calibration(ctx), self._choice(ctx),
                             device=options.device, batch=options.batch_size,
-                            offload=work / "offload", progress=ctx.progress)  # fmt: skip
+                            offload=work / "offload", progress=ctx.progress,
+                            handoff=ctx.handoff)  # fmt: skip
         finally:
             shutil.rmtree(work / "offload", ignore_errors=True)
         write_json(work / "recipe.json", recipe)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +56,28 @@ def fetch_local(
         raise InputError(f"{src} has no config.json: pass a Hugging Face model directory")
     patterns = KEEP_PATTERNS + (PICKLE_PATTERNS if allow_pickle else ())
     kept = [n for n in names if matches(n, patterns)]
-    for name in kept:
-        # A copy, not a hard link: rewriting the user's file in place must not change hf/.
-        # Hashed as it is copied, so that the stage's record does not read it again.
-        digest = copy_hashed(src / name, work / name)
-        if digests is not None:
-            digests.remember(work / name, digest)
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="fetch") as pool:
+        list(pool.map(lambda name: _copy(src / name, work / name, digests), kept))
     check_model_dir(work)
     converted = pickles_to_safetensors(work) if allow_pickle else []
     return {"files": kept, "converted_pickles": converted}
+
+
+def _copy(src: Path, dst: Path, digests: DigestCache | None) -> None:
+    """A copy, not a hard link: rewriting the user's file in place must not change hf/. Its
+    digest goes to the memo, so that the stage's record does not read it again: the source's,
+    when resolving the model's revision has just hashed it and it did not change during the
+    copy (the kernel copies it, no byte passes through Python); else hashed as it is copied."""
+    known = None if digests is None else digests.known(src)
+    if known is not None:
+        shutil.copyfile(src, dst)
+        shutil.copystat(src, dst)
+        if digests is not None and digests.known(src) == known:
+            digests.remember(dst, known)
+        return
+    digest = copy_hashed(src, dst)
+    if digests is not None:
+        digests.remember(dst, digest)
 
 
 def fetch_hub(

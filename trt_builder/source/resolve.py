@@ -88,5 +88,7 @@ def resolve_source(
 def _content_rev(path: Path, digests: DigestCache) -> str:
     """A local input's revision: its content digest (a directory: only the files fetch reads)."""
     if path.is_dir():
-        return "sha256-" + sha256_json({p.name: digests.file(p) for p in model_files(path)})[:12]
+        files = model_files(path)
+        return "sha256-" + sha256_json(dict(zip((p.name for p in files), digests.files(files),
+                                                strict=True)))[:12]  # fmt: skip
     return "sha256-" + digests.digest(path)[:12]
