@@ -228,8 +228,9 @@ def test_a_local_model_is_read_once_for_its_digests(tiny_llama: Path, tmp_path: 
 def test_a_first_build_imports_torch_while_fetch_runs(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The head start on torch and transformers is taken on a first build only (fetch runs,
-    torch stages follow), and never outlives the run; fetch alone or a rerun takes none."""
+    """The head start on torch and transformers is taken on a first build from a directory only
+    (fetch runs, torch stages follow), and never outlives the run; fetch alone, a rerun, or a
+    fetch that imports torch itself (pickles) takes none."""
     import threading
 
     from trt_builder.pipeline import build
@@ -243,6 +244,9 @@ def test_a_first_build_imports_torch_while_fetch_runs(
     build.run(spec, only=("fetch",))
     assert started == []
     build.run(spec, only=("fetch", "convert"))  # fetch cached: convert imports torch itself
+    pickles = make_spec(model=str(tiny_llama), out=tmp_path / "e3", triton_root=tmp_path / "t",
+                        allow_pickle=True)  # fmt: skip
+    build.run(pickles, only=("fetch", "convert"))
     assert started == []
     other = make_spec(model=str(tiny_llama), out=tmp_path / "e2", triton_root=tmp_path / "t")
     build.run(other, only=("fetch", "convert"))

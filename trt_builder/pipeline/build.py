@@ -177,9 +177,14 @@ def run(
             with locked(ctx.layout.lock, lock_timeout):
                 for stage in STAGES:
                     if _wanted(stage, ctx, only):
+                        waited = 0.0
                         if stage.name != "fetch":
+                            if warm is not None:  # the imports are done before anything uses them
+                                waited = time.perf_counter()
+                                warm.join()
+                                warm, waited = None, time.perf_counter() - waited
                             plan_limits(ctx, only)
-                        _run_one(stage, ctx, result, lock_timeout, emit)
+                        _run_one(stage, ctx, result, lock_timeout, emit, waited)
     except TrtBuilderError as exc:  # what ran before it stays in the result
         result.error = exc
     finally:
@@ -199,10 +204,16 @@ _TORCH_STAGES = frozenset({"calibrate", "recipe", "convert", "verify"})
 
 
 def _warm_imports(ctx: BuildContext, only: tuple[str, ...]) -> threading.Thread | None:
-    """On a first build (fetch will run, and stages that need torch after it), import torch
-    and transformers on a thread while fetch copies and hashes the model: on the H200 host a
-    fresh process spends 14 s on them, which the first such stage would otherwise wait for."""
+    """On a first build from a local directory (fetch will run, and stages that need torch
+    after it), import torch and transformers on a thread while fetch copies the model: on the
+    H200 host a fresh process spends 14-18 s on them, which the first such stage would
+    otherwise wait for. The run joins the thread before the next stage starts. Only while fetch
+    imports none of them itself: transformers' and huggingface-hub's lazy modules are not safe
+    to import from two threads at once (a GGUF fetch dequantizes through transformers; a hub
+    fetch runs huggingface-hub; pickles are read with torch)."""
     if "fetch" not in only or not _TORCH_STAGES & set(only):
+        return None
+    if ctx.source.kind != "local" or ctx.spec.allow_pickle:
         return None
     if plan_stage(FetchStage(), ctx).status != "pending":
         return None
@@ -254,9 +265,15 @@ def _check_ready(stage: Stage, ctx: BuildContext) -> None:
 
 
 def _run_one(
-    stage: Stage, ctx: BuildContext, result: BuildResult, lock_timeout: float, emit: Listener
+    stage: Stage,
+    ctx: BuildContext,
+    result: BuildResult,
+    lock_timeout: float,
+    emit: Listener,
+    waited: float = 0.0,
 ) -> None:
-    """Run (or reuse) one stage and record it; a failed verify gate ends the run."""
+    """Run (or reuse) one stage and record it; a failed verify gate ends the run. `waited`:
+    the seconds spent before it on the rest of the imports it needs, counted in its time."""
     _check_ready(stage, ctx)
     emit("start", stage.name, None)
     ctx.progress = _progress(emit, stage.name)
@@ -273,6 +290,8 @@ def _run_one(
     finally:
         for key in left:  # taken or not, it does not outlive this stage
             ctx.handoff.pop(key, None)
+    if waited:
+        record.seconds = round(record.seconds + waited, 3)
     result.records.append(record)
     for note in record.details.get("notes") or []:  # e.g. "the vision tower is not converted"
         if note not in ctx.notices:
