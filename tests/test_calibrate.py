@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tiny_models import make_tiny
 from trt_builder.calibrate.corpus import load_texts, make_samples
-from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
 from trt_builder.core.errors import InputError
 from trt_builder.spec.build import CalibrationOptions, make_spec
 
@@ -25,14 +25,19 @@ def test_statistics_match_an_independent_computation(tiny_llama: Path, tmp_path:
     stats = load_stats(tmp_path)
     assert summary["tokens"] == 6 * 32 and summary["linears"] == 2 * 7
     ids = make_samples(AutoTokenizer.from_pretrained(tiny_llama), load_texts("bundled")[0], SMALL)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    dtype = getattr(torch, summary["dtype"])  # bfloat16 on a CPU that computes it natively
+    assert dtype == (calibration_dtype("cpu") or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=dtype).eval()
     layer = model.model.layers[0]
     with torch.no_grad():  # layer 0's q/k/v input is the normed embedding: no hooks needed
         x = layer.input_layernorm(model.model.embed_tokens(ids))
         k = layer.self_attn.k_proj(x)
     p = "model.layers.0.self_attn."
-    torch.testing.assert_close(stats[p + "q_proj.input_absmax"], x.abs().amax(dim=(0, 1)))
-    torch.testing.assert_close(stats[p + "k_proj.output_absmax"], k.abs().amax(dim=(0, 1)))
+    torch.testing.assert_close(stats[p + "q_proj.input_absmax"], x.abs().amax(dim=(0, 1)).float())
+    torch.testing.assert_close(stats[p + "k_proj.output_absmax"], k.abs().amax(dim=(0, 1)).float())
+    torch.testing.assert_close(
+        stats[p + "q_proj.input_sqmean"], x.float().square().mean(dim=(0, 1))
+    )
     assert set(stats) == {
         f"model.layers.{i}.{m}.{kind}"
         for i in range(2)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trt_builder.calibrate.corpus import load_texts, make_samples
-from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
 from trt_builder.convert import floats
 from trt_builder.convert.clipping import CLIPPED_LINEARS, GRID
 from trt_builder.convert.floats import convert_checkpoint
@@ -115,10 +115,11 @@ def test_the_statistic_is_the_mean_square_of_each_input_channel(
     tiny_llama: Path, calibrated: Path
 ) -> None:
     ids = make_samples(AutoTokenizer.from_pretrained(tiny_llama), load_texts("bundled")[0], CAL)
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    dtype = calibration_dtype("cpu") or torch.float32  # what the calibration ran in
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=dtype).eval()
     layer = model.model.layers[0]
     with torch.no_grad():  # layer 0's q/k/v input is the normed embedding: no hooks needed
-        x = layer.input_layernorm(model.model.embed_tokens(ids))
+        x = layer.input_layernorm(model.model.embed_tokens(ids)).float()
     stats = load_stats(calibrated)
     torch.testing.assert_close(
         stats["model.layers.0.self_attn.q_proj.input_sqmean"], x.square().mean(dim=(0, 1))
