@@ -488,6 +488,9 @@ def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
             c.start()
         try:
             assert server.reload() is None  # nothing new yet
+            deadline = time.monotonic() + 60  # requests flowing before the new version comes
+            while not answers and time.monotonic() < deadline and not failures:
+                time.sleep(0.1)
             _package(tiny_llama, tmp_path, dtype="float32",
                      **{"triton.kv_cache_free_gpu_mem_fraction": 0.8})  # fmt: skip
             before = len(answers)
