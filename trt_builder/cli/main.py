@@ -462,6 +462,126 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
         click.echo(json.dumps({"ok": True, "url": url, "model": model, "text": answer}, indent=2))
 
 
+def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(kind(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: give numbers separated by commas", param_hint=flag
+        ) from None
+
+
+@cli.command("bench", epilog=EPILOG_EXIT)
+@click.argument("targets", nargs=-1, metavar="[TARGET [TARGET]]")
+@click.option("--concurrency", default="1,2,4,8", show_default=True,
+              help="Closed-loop points: requests kept in flight, comma-separated ('' for none).")  # fmt: skip
+@click.option(
+    "--rate", default="", help="Open-loop points: Poisson arrivals, requests/s, comma-separated."
+)
+@click.option("--requests", type=int, default=32, show_default=True, help="Requests a point.")
+@click.option("--duration", type=float, help="Seconds a point, instead of --requests.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Warm-up requests a point.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Runs of every point (3 or more give the spread a comparison judges by).")  # fmt: skip
+@click.option("--prompts", default="bundled", show_default=True,
+              help="bundled (verify's prompt set), synthetic, or a JSONL file of {\"text\": ...} lines.")  # fmt: skip
+@click.option(
+    "--input-tokens", type=int, default=128, show_default=True, help="Synthetic prompts' length."
+)
+@click.option(
+    "--output-tokens", type=int, default=64, show_default=True, help="Each answer's length."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--model", default="ensemble", show_default=True)
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="The deployment's tokenizer, for a URL (a repository's own is used otherwise).")  # fmt: skip
+@click.option("--compare", "compare_files", nargs=2, type=click.Path(path_type=Path),
+              metavar="A.json B.json", help="Compare two earlier results (no load is run).")  # fmt: skip
+@click.option("--out", type=click.Path(path_type=Path), default=Path("bench.json"), show_default=True,
+              help="The result (JSON); the HTML page goes beside it.")  # fmt: skip
+@options.apply(options.OUTPUT_OPTIONS)
+def bench_command(targets: tuple[str, ...], concurrency: str, rate: str, requests: int,
+                  duration: float | None, warmup: int, repeats: int, prompts: str,
+                  input_tokens: int, output_tokens: int, seed: int, model: str,
+                  tokenizer: Path | None, compare_files: tuple[Path, Path] | None, out: Path,
+                  as_json: bool) -> None:  # fmt: skip
+    """Load-test a Triton deployment of a trt-builder repository with aiperf: time to first
+    token, inter-token latency, end-to-end latency and throughput at each concurrency or
+    request rate. TARGET is a running deployment's HTTP URL, or a repository directory served
+    for the run (a real tritonserver, stopped afterwards). Two targets are run one after the
+    other and compared; --compare compares two earlier results.
+
+    \b
+    Examples:
+      trt-builder bench triton_repo/smollm2-135m-instruct --concurrency 1,2,4,8
+      trt-builder bench http://localhost:8000 --tokenizer engines/.../hf --rate 0.5,1,2
+      trt-builder bench --compare fp16.json int8.json --out int8-vs-fp16.json
+    """
+    from ..bench.options import BenchOptions
+    from ..core.errors import InputError, SpecError
+    from ..core.fsio import write_json, write_text
+
+    if compare_files:
+        if targets:
+            raise SpecError("give targets to run, or --compare with two results, not both")
+        results = [_load_result(path) for path in compare_files]
+    else:
+        if len(targets) not in (1, 2):
+            raise SpecError("give one target (a URL or a repository), two to compare, or --compare")
+        bench_options = BenchOptions(
+            concurrency=_numbers(concurrency, int, "--concurrency"), rates=_numbers(rate, float, "--rate"),
+            requests=requests, duration=duration, warmup=warmup, repeats=repeats, prompts=prompts,
+            input_tokens=input_tokens, output_tokens=output_tokens, seed=seed, model=model,
+        )  # fmt: skip
+        if bench_options.prompts.endswith(".jsonl") and not Path(bench_options.prompts).is_file():
+            raise InputError(f"--prompts {bench_options.prompts}: no such file")
+        from ..bench.run import bench
+
+        results = []
+        for i, target in enumerate(targets):
+            path = out if len(targets) == 1 else out.with_name(f"{out.stem}.{'ab'[i]}.json")
+
+            def progress(text: str, name: str = target) -> None:
+                err.print(f"[dim]{escape(name)}: {escape(text)}[/]")
+
+            results.append(
+                bench(target, bench_options, path, tokenizer=tokenizer, progress=progress)
+            )
+    if len(results) == 2:
+        from ..bench.compare import compare
+        from ..bench.report import html_page
+
+        page = html_page(results)
+        write_json(out, {"results": results, "comparison": compare(*results)})
+        write_text(out.with_suffix(".html"), page)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "out": str(out), "html": str(out.with_suffix(".html"))}))
+        return
+    from .render import bench_table
+
+    for result in results:
+        click.echo(bench_table(result))
+    click.echo(f"wrote {out} and {out.with_suffix('.html')}")
+
+
+def _load_result(path: Path) -> dict[str, Any]:
+    from ..core.errors import InputError
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"cannot read {path} ({exc}): give a result trt-builder bench wrote"
+        ) from None
+    if not isinstance(data, dict) or "points" not in data:
+        raise InputError(
+            f"{path} is not a bench result (no points): give a file trt-builder bench wrote"
+        )
+    return data
+
+
 @cli.command("nightly", epilog=EPILOG_EXIT)
 @click.argument("fleet_file", metavar="FLEET", type=click.Path(path_type=Path))
 @click.option("--entry", "entries", multiple=True, metavar="ID",

@@ -134,3 +134,25 @@ def summary(console: Console, result: BuildResult) -> None:
     if not result.dry_run:
         console.print(f"manifest: {result.layout.manifest}", markup=False)
         console.print(f"done in {result.seconds:.2f}s")
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """A bench result's points, a line each: the figures a person looks at first."""
+    from ..bench.report import served_by
+
+    lines = [f"{result['target']} ({result['url']}; {served_by(result)})",
+             f"{'load':<16}{'req/s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p99':>8}{'ITL p50':>9}"
+             f"{'E2E p50':>9}{'p99':>8}{'errors':>9}"]  # fmt: skip
+    for p in result["points"]:
+
+        def m(key: str, spec: str = ".0f", s: dict[str, Any] = p["summary"]) -> str:
+            x = s[key]["mean"]
+            return "-" if x is None else format(x, spec)
+
+        errors = sum(int(r["errors"]) for r in p["repeats"])
+        requests = sum(int(r["requests"]) for r in p["repeats"])
+        lines.append(f"{p['mode'] + ' ' + format(p['load'], 'g'):<16}{m('request_throughput', '.2f'):>8}"
+                     f"{m('output_token_throughput', '.1f'):>9}{m('ttft_ms.p50'):>10}{m('ttft_ms.p99'):>8}"
+                     f"{m('itl_ms.p50', '.1f'):>9}{m('e2e_ms.p50'):>9}{m('e2e_ms.p99'):>8}"
+                     f"{f'{errors}/{requests}':>9}")  # fmt: skip
+    return "\n".join(lines)

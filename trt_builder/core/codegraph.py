@@ -40,6 +40,7 @@ LAYERS = (
     "verify",  # the checkpoint against transformers, diagnosis, reports (stage 5)
     "engine",  # trtllm-build, releases, the memory plan, the engine runtime, doctor (stage 6)
     "triton",  # the Triton repository, client, serving, the Triton runtime (stage 7)
+    "bench",  # load tests of a deployment (aiperf), their comparison and HTML page
     "pipeline",  # the stages in order, the plan, standalone verify
     "fleet",  # nightly rebuilds, their history and reports, gc
     "cli",  # the command line

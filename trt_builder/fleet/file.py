@@ -8,12 +8,14 @@ the file. docs/nightly.md has the format.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..bench.options import BenchOptions
 from ..core.digests import sha256_json
 from ..core.errors import SpecError
 from ..source.resolve import DEFAULT_MODEL_NAME
@@ -58,6 +60,18 @@ METRICS = (
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
 
+#: The bench figures a nightly tracks at each of an entry's load points (its `bench` table),
+#: by bench/figures.py name: as metrics named bench.<mode><load>.<figure>, e.g.
+#: bench.concurrency4.output_token_throughput.
+BENCH_FIGURES = (
+    ("output_token_throughput", "output tokens/s", True, "{:.2f}"),
+    ("request_throughput", "requests/s", True, "{:.3f}"),
+    ("ttft_ms.p50", "time to first token p50 (ms)", False, "{:.1f}"),
+    ("itl_ms.p50", "inter-token latency p50 (ms)", False, "{:.2f}"),
+    ("errors", "errors", False, "{:.0f}"),
+)
+BENCH_TOLERANCE_NAMES = tuple(f"bench.{f[0]}" for f in BENCH_FIGURES)
+
 #: Defaults, for verify on a fixed prompt set and held-out text (deterministic on one device):
 #: half a point of top-1, half the KL again (at least 1e-5), a quarter point of perplexity,
 #: a tenth of greedy agreement (one early divergence moves it a lot).
@@ -66,11 +80,36 @@ DEFAULT_TOLERANCES = {
     "kl_mean": Tolerance(absolute=1e-5, relative=0.5),
     "ppl_delta_pct": Tolerance(absolute=0.25),
     "greedy_agreement": Tolerance(absolute=0.1),
+    # bench figures, at every load point: load tests of the same build on the same host vary
+    # run to run by several percent (docs/benchmarks.md); an error is never allowed
+    "bench.output_token_throughput": Tolerance(relative=0.10),
+    "bench.request_throughput": Tolerance(relative=0.10),
+    "bench.ttft_ms.p50": Tolerance(relative=0.25),
+    "bench.itl_ms.p50": Tolerance(relative=0.15),
+    "bench.errors": Tolerance(absolute=0.0),
 }
+
+
+def bench_metrics(options: BenchOptions) -> tuple[Metric, ...]:
+    """The nightly metrics of a bench: BENCH_FIGURES at each load point."""
+    return tuple(
+        Metric(f"bench.{mode}{load:g}.{key}", f"{label} at {mode} {load:g}", higher, fmt)
+        for mode, load in options.points()
+        for key, label, higher, fmt in BENCH_FIGURES
+    )
+
+
+def tolerance_for(tolerances: dict[str, Tolerance], name: str) -> Tolerance:
+    """A metric's tolerance: its own, or for a bench metric the one of its figure."""
+    if name in tolerances:
+        return tolerances[name]
+    head, _, rest = name.partition(".")
+    return tolerances[f"{head}.{rest.partition('.')[2]}"]
+
 
 _FLEET_KEYS = ("name", "out", "triton_root", "history", "keep_runs", "runner_labels")
 _MODEL_KEYS = ("id", "model", "revision", "pin", "variants")
-_VARIANT_KEYS = ("name", "tolerance", "runner_labels")
+_VARIANT_KEYS = ("name", "tolerance", "runner_labels", "bench")
 _FIXED_SPEC_KEYS = ("out", "triton_root", "model", "revision")  # set by the fleet, not per variant
 _SHA = re.compile(r"[0-9a-f]{40}")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -91,6 +130,12 @@ class Entry:
     runner_labels: tuple[str, ...]
     out: Path
     triton_root: Path
+    bench: BenchOptions | None = None  # a load test of the repository after each good build
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        """What the nightly compares run to run: verify's figures, and the bench's."""
+        return METRICS + (bench_metrics(self.bench) if self.bench is not None else ())
 
     @property
     def hub(self) -> bool:
@@ -122,6 +167,20 @@ class Entry:
                     "heldout_tokens": spec.verify.heldout_tokens,
                     "device": spec.verify.device,
                 },
+                # a bench measures the deployment too: its load, the Triton settings and the
+                # limits (max_batch_size) change its figures (absent without a bench, so the
+                # fingerprints of entries without one are what they were)
+                **(
+                    {
+                        "bench": {
+                            **self.bench.to_json(),
+                            "triton": dataclasses.asdict(spec.triton),
+                            "limits": dataclasses.asdict(spec.limits),
+                        }
+                    }  # fmt: skip
+                    if self.bench is not None
+                    else {}
+                ),
             }
         )[:16]
 
@@ -204,9 +263,10 @@ def _tolerances(table: Any, where: str) -> dict[str, Tolerance]:
         )
     out = {}
     for name, value in table.items():
-        if name not in METRIC_NAMES:
+        if name not in METRIC_NAMES + BENCH_TOLERANCE_NAMES:
             raise SpecError(
-                f"{where}: unknown metric {name!r} in tolerance: use {', '.join(METRIC_NAMES)}"
+                f"{where}: unknown metric {name!r} in tolerance: use "
+                f"{', '.join(METRIC_NAMES + BENCH_TOLERANCE_NAMES)}"
             )
         if _is_number(value):
             value = {"absolute": value}
@@ -392,7 +452,29 @@ def _variant(variant: dict[str, Any], where: str, head: _Head, model: _Model) ->
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     name = _check_id(variant.get("name", spec.variant), f"{where}.name")
-    return replace(entry, id=f"{model.id}/{name}", name=name), spec.variant
+    bench = _bench(variant.get("bench"), f"{where}.bench", spec.triton.streaming)
+    return replace(entry, id=f"{model.id}/{name}", name=name, bench=bench), spec.variant
+
+
+def _bench(value: Any, where: str, streaming: bool) -> BenchOptions | None:
+    """A variant's `bench` table: BenchOptions' fields (lists for concurrency and rates)."""
+    if value is None:
+        return None
+    table = _table(value, where)
+    fields = {f.name for f in dataclasses.fields(BenchOptions)}
+    bad = sorted(set(table) - fields)
+    if bad:
+        raise SpecError(f"{where} has unknown key(s) {', '.join(bad)}: valid keys are {', '.join(sorted(fields))}")  # fmt: skip
+    if not streaming:
+        raise SpecError(
+            f"{where}: bench streams tokens from the repository: set [triton] streaming = true "
+            "for this variant"
+        )
+    kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+    try:
+        return BenchOptions(**kwargs)
+    except (SpecError, TypeError) as exc:
+        raise SpecError(f"{where}: {exc}") from None
 
 
 def load_fleet(path: Path) -> Fleet:

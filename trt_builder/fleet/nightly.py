@@ -35,7 +35,7 @@ from ..core.versions import tool_versions
 from ..pipeline import build as pipeline
 from ..pipeline.build import STAGE_NAMES, BuildResult
 from ..source.hub import hub_offline, resolve_hub_revision
-from .file import METRICS, Entry, Fleet, Metric, Tolerance
+from .file import BENCH_FIGURES, METRICS, Entry, Fleet, Metric, Tolerance, tolerance_for
 
 HISTORY_VERSION = 1
 #: Stage statuses that mean nothing was rebuilt.
@@ -360,15 +360,18 @@ def _number(value: Any) -> float | None:
 
 
 def compare(
-    metrics: dict[str, Any], baseline: dict[str, Any], tolerances: dict[str, Tolerance]
+    metrics: dict[str, Any],
+    baseline: dict[str, Any],
+    tolerances: dict[str, Tolerance],
+    tracked: tuple[Metric, ...] = METRICS,
 ) -> list[Regression]:
-    """The metrics that got worse than the baseline by more than their tolerance."""
+    """The metrics of `tracked` that got worse than the baseline by more than their tolerance."""
     out = []
-    for metric in METRICS:
+    for metric in tracked:
         old, new = _number(baseline.get(metric.name)), _number(metrics.get(metric.name))
         if old is None or new is None or not math.isfinite(old):
             continue
-        tol = tolerances[metric.name]
+        tol = tolerance_for(tolerances, metric.name)
         allowed = tol.allowed(old)
         worse = (old - new) if metric.higher_is_better else (new - old)
         if not math.isfinite(new) or worse > allowed + 1e-12:
@@ -497,6 +500,9 @@ def _run_entry(
     verify = next((r for r in build.records if r.name == "verify"), None)
     if verify is not None:
         er.metrics = {m.name: _number(verify.details.get(m.name)) for m in METRICS}
+    if er.status == "passed" and entry.bench is not None:
+        # beside the stages' outputs, never in one (an edited output is not a cache hit)
+        _bench(er, layout.triton, layout.variant_dir / "bench" / "bench.json")
     if er.status != "passed":
         return
     baseline = history.last_good(entry.id, er.fingerprint)
@@ -506,10 +512,31 @@ def _run_entry(
         )
         return
     er.baseline = baseline
-    er.regressions = compare(er.metrics, baseline["metrics"], entry.tolerances)
+    er.regressions = compare(er.metrics, baseline["metrics"], entry.tolerances, entry.metrics)
     if er.regressions:
         er.status, er.exit_code = "regressed", NightlyFailed.exit_code
         er.message = "; ".join(er.regression_messages)
+
+
+def _bench(er: EntryResult, repository: Path, out: Path) -> None:
+    """Load-test the entry's repository (served for it); its figures join the metrics. An
+    error ends the entry as one (the build itself passed)."""
+    from ..bench.figures import value
+    from ..bench.run import bench
+
+    assert er.entry.bench is not None
+    try:
+        result = bench(str(repository), er.entry.bench, out)
+    except TrtBuilderError as exc:
+        er.status, er.message, er.exit_code = "error", f"bench: {exc}", exc.exit_code
+        return
+    er.paths["bench_report"] = str(out.with_suffix(".html"))
+    for point in result["points"]:
+        for key, *_ in BENCH_FIGURES:
+            name = f"bench.{point['mode']}{point['load']:g}.{key}"
+            figures = [value(r, key) for r in point["repeats"]]
+            known = [x for x in figures if x is not None]
+            er.metrics[name] = sum(known) / len(known) if known else None
 
 
 def _history_record(result: NightlyResult) -> dict[str, Any]:

@@ -1,0 +1,270 @@
+"""bench: aiperf against a real tritonserver serving the reference backend; the figures, the
+page, the comparison; and the bad input refused before any load, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trt_builder.bench.compare import compare, verdict
+from trt_builder.bench.figures import summarize
+from trt_builder.bench.loadgen import find_aiperf, parse
+from trt_builder.bench.options import BenchOptions
+from trt_builder.bench.prompts import read_jsonl
+from trt_builder.cli.main import main
+from trt_builder.core.errors import InputError, SpecError
+
+DATA = Path(__file__).parent / "data" / "aiperf"
+
+
+def _aiperf() -> bool:
+    try:
+        find_aiperf()
+    except InputError:
+        return False
+    return True
+
+
+needs_aiperf = pytest.mark.skipif(
+    not _aiperf(), reason="needs aiperf (bash scripts/setup.sh --bench)"
+)
+
+
+def test_aiperfs_export_becomes_the_figures() -> None:
+    """A real export (aiperf 0.13 against the reference backend, concurrency 2, 12 requests)."""
+    f = parse(DATA / "profile_export_aiperf.json")
+    raw = json.loads((DATA / "profile_export_aiperf.json").read_text())
+    assert f["ttft_ms"]["p50"] == raw["time_to_first_token"]["p50"]
+    assert f["itl_ms"]["p99"] == raw["inter_token_latency"]["p99"]
+    assert f["e2e_ms"]["p90"] == raw["request_latency"]["p90"]
+    assert f["requests"] == 12 and f["errors"] == 0
+    assert f["ttft_ms"]["p50"] < f["e2e_ms"]["p50"]
+    assert f["output_token_throughput"] == pytest.approx(16.7368, abs=1e-3)
+
+
+def test_a_summary_has_the_spread_of_its_repeats_and_a_comparison_judges_by_it() -> None:
+    f = parse(DATA / "profile_export_aiperf.json")
+    runs = [{**f, "output_token_throughput": t} for t in (16.0, 16.5, 17.0)]
+    s = summarize(runs)["output_token_throughput"]
+    assert s["mean"] == pytest.approx(16.5) and s["std"] == pytest.approx(0.5)
+    assert (s["min"], s["max"], s["n"]) == (16.0, 17.0, 3)
+    faster = summarize([{**f, "output_token_throughput": t} for t in (20.0, 20.4, 19.6)])
+    close = summarize([{**f, "output_token_throughput": t} for t in (16.3, 16.9, 16.6)])
+    key = "output_token_throughput"
+    assert verdict(summarize(runs)[key], faster[key], +1) == "better"
+    assert verdict(faster[key], summarize(runs)[key], +1) == "worse"
+    assert verdict(summarize(runs)[key], close[key], +1) == "within noise"
+    one = summarize(runs[:1])[key]
+    assert verdict(one, summarize(runs[1:2])[key], +1).startswith("unknown")
+    a = {"points": [{"mode": "concurrency", "load": 1.0, "summary": summarize(runs)}]}
+    b = {"points": [{"mode": "concurrency", "load": 1.0, "summary": faster},
+                    {"mode": "concurrency", "load": 2.0, "summary": faster}]}  # fmt: skip
+    rows = {r["metric"]: r for r in compare(a, b)}
+    assert rows[key]["ratio"] == pytest.approx(20.0 / 16.5) and rows[key]["verdict"] == "better"
+    assert {r["load"] for r in compare(a, b)} == {1.0}  # only the points both ran
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"duration": 0.0}, "--duration must be above 0"),
+        ({"concurrency": (0,)}, "--concurrency values must be 1 or more"),
+        ({"rates": (-1.0,)}, "--rate values must be above 0"),
+        ({"concurrency": ()}, "nothing to run"),
+        ({"prompts": "prompts.txt"}, "use bundled, synthetic or a .jsonl file"),
+    ],
+)
+def test_bad_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        BenchOptions(**kwargs)
+
+
+def test_a_jsonl_line_without_text_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "Hello", "output_length": 4}\n\n{"prompt": "no text here"}\n')
+    with pytest.raises(
+        InputError,
+        match=r'p.jsonl line 3 has no text: each line must be a JSON object with a "text"',
+    ):
+        read_jsonl(path)
+    path.write_text('{"text": "Hello", "output_length": 0}\n')
+    with pytest.raises(InputError, match="line 1: output_length must be a whole number above 0"):
+        read_jsonl(path)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@needs_aiperf
+def test_bad_targets_get_one_line_and_leave_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    code = main(["bench", f"http://127.0.0.1:{_closed_port()}", "--tokenizer", str(tmp_path),
+                 "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 12 and "cannot reach http://127.0.0.1:" in err and "trt-builder serve" in err
+    assert "Traceback" not in err
+    code = main(["bench", "grpc://127.0.0.1:8001", "--out", str(out)])
+    assert code == 3 and "give the server's HTTP address" in capsys.readouterr().err
+    (tmp_path / "p.jsonl").write_text('{"txt": "x"}\n')
+    code = main(["bench", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "--out", str(out)])
+    assert code == 3 and "p.jsonl line 1 has no text" in capsys.readouterr().err
+    code = main(["bench", str(tmp_path), "--duration", "0", "--out", str(out)])
+    assert code == 2 and "--duration must be above 0" in capsys.readouterr().err
+    assert not out.exists() and not out.with_suffix(".html").exists()
+
+
+@pytest.fixture(scope="module")
+def repositories(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny Llama packaged streaming (what bench drives) and plain (what it refuses)."""
+    from trt_builder.pipeline import run
+    from trt_builder.spec.build import make_spec
+
+    root = tmp_path_factory.mktemp("bench")
+    out: dict[str, Path] = {}
+    for name, streaming in (("streaming", True), ("plain", False)):
+        spec = make_spec(model=str(tiny_llama), dtype="float32", out=root / name / "e",
+                         triton_root=root / name / "t",
+                         **{"verify.heldout_tokens": 128, "triton.streaming": streaming})  # fmt: skip
+        out[name] = run(spec).layout.triton
+    return out
+
+
+@pytest.mark.integration
+@needs_aiperf
+def test_a_sweep_against_a_served_repository(
+    repositories: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The repository served for the run by a real tritonserver: every request of every point
+    answered and counted, first tokens before the ends, the page drawn; then the same
+    repository against itself compared point by point."""
+    out = tmp_path / "r.json"
+    code = main(["bench", str(repositories["streaming"]), "--concurrency", "1,2", "--requests", "4",
+                 "--warmup", "1", "--output-tokens", "8", "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    result = json.loads(out.read_text())
+    assert [(p["mode"], p["load"]) for p in result["points"]] == [
+        ("concurrency", 1.0),
+        ("concurrency", 2.0),
+    ]
+    for point in result["points"]:
+        (run,) = point["repeats"]
+        assert run["requests"] == 4 and run["errors"] + len(run["ttft_samples_ms"]) == 4
+        assert 0 < run["ttft_ms"]["p50"] < run["e2e_ms"]["p50"]
+        assert run["itl_ms"]["p50"] > 0 and run["output_token_throughput"] > 0
+    page = out.with_suffix(".html").read_text()
+    assert page.count("<svg") == 2 and "concurrency 2" in page
+    assert result["tools"]["aiperf"] == "0.13.0" and result["url"].startswith("http://127.0.0.1:")
+    code = main(["bench", "--compare", str(out), str(out), "--out", str(tmp_path / "c.json")])
+    assert code == 0
+    both = json.loads((tmp_path / "c.json").read_text())
+    assert {r["ratio"] for r in both["comparison"] if r["ratio"] is not None} == {1.0}
+
+
+@pytest.mark.integration
+@needs_aiperf
+def test_a_repository_that_cannot_stream_or_load_is_refused(
+    repositories: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    code = main(["bench", str(repositories["plain"]), "--out", str(out)])
+    assert code == 8 and "[triton] streaming = true" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    shutil.copytree(repositories["streaming"].resolve(), broken)
+    for f in broken.glob("tensorrt_llm/*/checkpoint/rank0.safetensors"):
+        f.write_bytes(b"not safetensors")
+    code = main(["bench", str(broken), "--requests", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 12 and "tensorrt_llm" in err and "Traceback" not in err
+    assert not out.exists() and not out.with_suffix(".html").exists()
+
+
+def _bench_fleet(tmp_path: Path, model: Path, bench: str, streaming: str = "true") -> Path:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"""[fleet]
+name = "bench"
+out = "engines"
+triton_root = "triton"
+
+[[models]]
+id = "tiny"
+model = "{model}"
+
+[[models.variants]]
+name = "f32"
+dtype = "float32"
+verify = {{ heldout_tokens = 128 }}
+triton = {{ streaming = {streaming} }}
+bench = {bench}
+""")
+    return path
+
+
+def test_a_fleet_bench_is_checked_when_the_file_is_read(tiny_llama: Path, tmp_path: Path) -> None:
+    from trt_builder.fleet.file import load_fleet
+
+    entry = load_fleet(
+        _bench_fleet(tmp_path, tiny_llama, "{ concurrency = [1, 2], requests = 3 }")
+    ).entries[0]
+    assert entry.bench == BenchOptions(concurrency=(1, 2), requests=3)
+    names = [m.name for m in entry.metrics]
+    assert "bench.concurrency2.output_token_throughput" in names and "top1" in names
+    with pytest.raises(SpecError, match=r"bench: --duration must be above 0"):
+        load_fleet(_bench_fleet(tmp_path, tiny_llama, "{ duration = 0 }"))
+    with pytest.raises(SpecError, match=r"set \[triton\] streaming = true"):
+        load_fleet(_bench_fleet(tmp_path, tiny_llama, "{ requests = 3 }", streaming="false"))
+    with pytest.raises(SpecError, match=r"unknown key\(s\) concurency"):
+        load_fleet(_bench_fleet(tmp_path, tiny_llama, "{ concurency = [1] }"))
+
+
+@pytest.mark.integration
+@needs_aiperf
+def test_a_throughput_drop_fails_the_night_and_names_the_metric(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first night benches the repository and records its figures; the history is then
+    made to say the last good night was three times as fast (the injected drop). The second night's
+    build is cached (convert and verify) and its quality figures equal the baseline's, but its throughput is a third:
+    exit 11, naming the metric, the old value and the new one."""
+    # four requests a night: the other timings of so short a bench may move past their
+    # tolerances too; the test is that the injected figure fails the night and is named
+    fleet = _bench_fleet(tmp_path, tiny_llama,
+                         "{ concurrency = [1], requests = 4, warmup = 1, output_tokens = 8 }")  # fmt: skip
+    code = main(["nightly", str(fleet), "--report-dir", str(tmp_path / "r1"), "--json"])
+    first = json.loads(capsys.readouterr().out)
+    assert code == 0, first
+    (entry,) = first["entries"]
+    tok_s = entry["metrics"]["bench.concurrency1.output_token_throughput"]
+    assert tok_s > 0 and entry["metrics"]["bench.concurrency1.errors"] == 0
+    assert Path(entry["paths"]["bench_report"]).is_file()
+    history_file = tmp_path / "engines" / ".trt-builder" / "nightly-bench.json"
+    history = json.loads(history_file.read_text())
+    recorded = history["runs"][-1]["entries"]["tiny/f32"]["metrics"]
+    assert recorded["bench.concurrency1.output_token_throughput"] == tok_s
+    recorded["bench.concurrency1.output_token_throughput"] = 3 * tok_s  # the injected drop
+    history_file.write_text(json.dumps(history))
+
+    code = main(["nightly", str(fleet), "--report-dir", str(tmp_path / "r2"), "--json"])
+    out, err = capsys.readouterr()
+    second = json.loads(out)
+    (entry,) = second["entries"]
+    assert code == 11 and entry["status"] == "regressed", entry["message"]
+    regressed = [r["metric"] for r in entry["regressions"]]
+    assert "bench.concurrency1.output_token_throughput" in regressed
+    assert all(m.startswith("bench.") for m in regressed)  # no quality figure among them
+    (message,) = [m for m in entry["regression_messages"] if "output_token_throughput" in m]
+    assert "(output tokens/s at concurrency 1) regressed from" in message
+    assert f"regressed from {3 * tok_s:.2f} to " in message
+    for name in ("top1", "kl_mean", "ppl_delta_pct", "greedy_agreement"):  # quality stays green
+        assert entry["metrics"][name] == recorded[name]
+    assert entry["stages"]["convert"] == entry["stages"]["verify"] == "cached"

@@ -1,0 +1,155 @@
+"""A bench from start to end: the target (a running deployment's URL, or a repository served
+for the run by a real tritonserver and stopped afterwards) checked before any load, every
+load point run `repeats` times by aiperf, the result written atomically (JSON and HTML)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..core.errors import InputError, PackageError, TritonError
+from ..core.fsio import write_json, write_text
+from ..triton import server as triton_server
+from ..triton.repository import validate_repository
+from .figures import summarize
+from .loadgen import command, find_aiperf, run_point
+from .options import BenchOptions
+from .prompts import write_prompts
+
+
+def _http(url: str, path: str, timeout: float, data: bytes | None = None) -> Any:
+    with urllib.request.urlopen(
+        urllib.request.Request(url + path, data=data), timeout=timeout
+    ) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, str]:
+    """Refuse, before any load, a URL that does not answer, a model it does not serve, and a
+    deployment that cannot stream (generate_stream needs a decoupled tensorrt_llm model). What
+    serves the tensorrt_llm model: its backend, and the reference backend's own statement."""
+    if url.startswith("grpc://"):
+        raise InputError(
+            f"{url}: bench streams over Triton's HTTP generate_stream endpoint (aiperf has no "
+            "gRPC transport): give the server's HTTP address, e.g. http://localhost:8000"
+        )
+    try:
+        _http(url, "/v2/health/ready", timeout)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TritonError(
+            f"cannot reach {url} ({reason}): start the deployment (trt-builder serve) or fix --url"
+        ) from None
+    try:
+        _http(url, f"/v2/models/{model}/ready", timeout)
+        config = _http(url, "/v2/models/tensorrt_llm/config", timeout) or {}
+    except (urllib.error.URLError, OSError, ValueError):
+        raise TritonError(
+            f"{url} does not serve a ready {model!r} and tensorrt_llm: bench needs a trt-builder "
+            "repository (its ensemble), or --model for another name"
+        ) from None
+    if not (config.get("model_transaction_policy") or {}).get("decoupled"):
+        raise PackageError(
+            f"{url}: tensorrt_llm is not decoupled, so generate_stream cannot stream tokens: "
+            "package with [triton] streaming = true (trt-builder package --config)"
+        )
+    implementation = ((config.get("parameters") or {}).get("implementation") or {}).get(
+        "string_value", ""
+    )
+    return {"backend": str(config.get("backend", "")), "implementation": implementation}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def deployment(target: str, model: str, log_dir: Path) -> Iterator[tuple[str, Path | None]]:
+    """(HTTP URL, the repository's tokenizer or None) of `target`: a URL as it is, or a
+    repository directory served by a tritonserver for the duration (stopped afterwards)."""
+    if "://" in target:
+        yield target.rstrip("/"), None
+        return
+    repository = Path(target)
+    if not repository.exists():
+        raise InputError(f"{target} is neither a URL nor a repository: give --url or a directory")
+    configs = validate_repository(repository)
+    config = configs.get("tensorrt_llm")
+    if config is None or not config.model_transaction_policy.decoupled:
+        raise PackageError(
+            f"{repository}: tensorrt_llm is not decoupled, so generate_stream cannot stream "
+            "tokens: package with [triton] streaming = true (trt-builder package --config)"
+        )
+    ports = {"http_port": _free_port(), "grpc_port": _free_port(), "metrics_port": _free_port()}
+    with triton_server.start(repository, log=log_dir / "tritonserver.log", **ports) as server:
+        yield server.http_url, repository / "preprocessing" / "tokenizer"
+
+
+def bench(
+    target: str,
+    options: BenchOptions,
+    out: Path,
+    *,
+    tokenizer: Path | None = None,
+    progress: Callable[[str], None] = lambda _text: None,
+) -> dict[str, Any]:
+    """Run `options`' load points against `target`; write `out` (JSON) and its HTML page
+    beside it, both whole or not at all; return the result."""
+    if out.suffix != ".json":
+        raise InputError(f"--out {out}: give a .json path (the HTML page goes beside it)")
+    aiperf = find_aiperf()
+    work = Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
+    try:
+        prompts = write_prompts(options, work)
+        with deployment(target, options.model, work) as (url, served_tokenizer):
+            serving = check_deployment(url, options.model)
+            tok = tokenizer or served_tokenizer
+            if tok is None or not Path(tok).is_dir():
+                raise InputError(
+                    "bench needs the deployment's tokenizer to count tokens: pass --tokenizer "
+                    "DIR (the repository's preprocessing/tokenizer, or the model's hf/)"
+                )
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            points = []
+            for mode, load in options.points():
+                repeats = []
+                for repeat in range(options.repeats):
+                    progress(f"{mode} {load:g}, run {repeat + 1} of {options.repeats}")
+                    point_dir = work / f"{mode}-{load:g}-{repeat}"
+                    argv = command(aiperf, options, mode, load, url=url, tokenizer=Path(tok),
+                                   prompts=prompts, out=point_dir, seed=options.seed + repeat)  # fmt: skip
+                    repeats.append(run_point(argv, point_dir, out.with_suffix(".aiperf.log")))
+                points.append({"mode": mode, "load": load, "repeats": repeats,
+                               "summary": summarize(repeats)})  # fmt: skip
+        result = {
+            "version": 1,
+            "tools": {"trt-builder": __version__, "aiperf": aiperf.version},
+            "target": target,
+            "url": url,
+            "serving": serving,
+            "options": options.to_json(),
+            "started_at": started,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "points": points,
+        }
+        from .report import html_page  # matplotlib: only when a page is drawn
+
+        page = html_page([result])
+        write_json(out, result)
+        write_text(out.with_suffix(".html"), page)
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
