@@ -200,11 +200,16 @@ def test_the_documented_fleet_file_loads(tmp_path: Path) -> None:
     text = (REPO / "docs" / "nightly.md").read_text()
     example = text.split("```toml\n", 1)[1].split("```", 1)[0]
     fleet = load_fleet(_write(tmp_path, example.replace("<40-hex commit>", "c" * 40)))
-    (entry,) = fleet.entries
+    entry, served = fleet.entries
     assert entry.id == "smollm2-360m/int8" and entry.pin == "c" * 40
     spec = entry.spec(entry.pin)
     assert spec.limits.max_seq_len == 4096 and spec.kv_cache == "int8" and spec.require_engine
     assert spec.verify.min_top1 == 0.9 and entry.tolerances["top1"].absolute == 0.01
+    assert entry.bench is None
+    assert served.id == "smollm2-360m/fp16-served" and served.bench is not None
+    assert served.bench.concurrency == (1, 8) and served.bench.repeats == 3
+    assert served.tolerances["bench.output_token_throughput"].relative == 0.05
+    assert served.spec(served.pin).triton.streaming
 
 
 def test_gc_settings_are_checked(tmp_path: Path) -> None:
