@@ -144,18 +144,19 @@ def repositories(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_a_sweep_against_a_served_repository(
     repositories: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The repository served for the run by a real tritonserver: every request of every point
-    answered and counted, first tokens before the ends, the page drawn; then the same
-    repository against itself compared point by point."""
+    """The repository served for the run by a real tritonserver, closed-loop points and an
+    open-loop (Poisson) one: every request of every point answered and counted, first tokens
+    before the ends, the page drawn; then the same result against itself, point by point."""
     out = tmp_path / "r.json"
-    code = main(["bench", str(repositories["streaming"]), "--concurrency", "1,2", "--requests", "4",
-                 "--warmup", "1", "--output-tokens", "8", "--out", str(out)])  # fmt: skip
+    code = main(["bench", str(repositories["streaming"]), "--concurrency", "1,2", "--rate", "4",
+                 "--requests", "4", "--warmup", "1", "--output-tokens", "8", "--out", str(out)])  # fmt: skip
     printed = capsys.readouterr()
     assert code == 0, printed.err[-2000:]
     result = json.loads(out.read_text())
     assert [(p["mode"], p["load"]) for p in result["points"]] == [
         ("concurrency", 1.0),
         ("concurrency", 2.0),
+        ("rate", 4.0),
     ]
     for point in result["points"]:
         (run,) = point["repeats"]
@@ -163,7 +164,7 @@ def test_a_sweep_against_a_served_repository(
         assert 0 < run["ttft_ms"]["p50"] < run["e2e_ms"]["p50"]
         assert run["itl_ms"]["p50"] > 0 and run["output_token_throughput"] > 0
     page = out.with_suffix(".html").read_text()
-    assert page.count("<svg") == 2 and "concurrency 2" in page
+    assert page.count("<svg") == 2 and "concurrency 2" in page and "rate 4" in page
     assert result["tools"]["aiperf"] == "0.13.0" and result["url"].startswith("http://127.0.0.1:")
     code = main(["bench", "--compare", str(out), str(out), "--out", str(tmp_path / "c.json")])
     assert code == 0
