@@ -147,6 +147,9 @@ def test_a_sweep_against_a_served_repository(
     """The repository served for the run by a real tritonserver, closed-loop points and an
     open-loop (Poisson) one: every request of every point answered and counted, first tokens
     before the ends, the page drawn; then the same result against itself, point by point."""
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).iterdir())
     out = tmp_path / "r.json"
     code = main(["bench", str(repositories["streaming"]), "--concurrency", "1,2", "--rate", "4",
                  "--requests", "4", "--warmup", "1", "--output-tokens", "8", "--out", str(out)])  # fmt: skip
@@ -166,6 +169,10 @@ def test_a_sweep_against_a_served_repository(
     page = out.with_suffix(".html").read_text()
     assert page.count("<svg") == 2 and "concurrency 2" in page and "rate 4" in page
     assert result["tools"]["aiperf"] == "0.13.0" and result["url"].startswith("http://127.0.0.1:")
+    left = {
+        p for p in set(Path(tempfile.gettempdir()).iterdir()) - before if "pytest" not in p.name
+    }
+    assert not left, sorted(left)[:5]  # aiperf's and the server's files went with the run
     code = main(["bench", "--compare", str(out), str(out), "--out", str(tmp_path / "c.json")])
     assert code == 0
     both = json.loads((tmp_path / "c.json").read_text())

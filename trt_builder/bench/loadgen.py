@@ -112,7 +112,8 @@ def run_point(argv: list[str], out: Path, keep_log: Path) -> dict[str, Any]:
     point was answered (aiperf then writes no figures), with aiperf's own reason; its log is
     kept at `keep_log` then."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "AIPERF_DATASET_MMAP_BASE_PATH": str(out)}  # nothing left in /tmp
+    # nothing left in /tmp: its dataset maps and the directories each of its processes makes
+    env = {**os.environ, "AIPERF_DATASET_MMAP_BASE_PATH": str(out), "TMPDIR": str(out)}
     # aiperf 0.13 offline reads a tokenizer *path* as a hub repo id and fails; the tokenizer is
     # always a local directory here, which it loads without the hub when not told offline
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
