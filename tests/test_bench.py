@@ -164,8 +164,9 @@ def test_a_sweep_against_a_served_repository(
     for point in result["points"]:
         (run,) = point["repeats"]
         assert run["requests"] == 4 and run["errors"] + len(run["ttft_samples_ms"]) == 4
-        assert 0 < run["ttft_ms"]["p50"] < run["e2e_ms"]["p50"]
-        assert run["itl_ms"]["p50"] > 0 and run["output_token_throughput"] > 0
+        # the tiny random model may end an answer after its first token (no inter-token gap)
+        assert 0 < run["ttft_ms"]["p50"] <= run["e2e_ms"]["p50"]
+        assert run["itl_ms"]["p50"] >= 0 and run["output_token_throughput"] > 0
     page = out.with_suffix(".html").read_text()
     assert page.count("<svg") == 2 and "concurrency 2" in page and "rate 4" in page
     assert result["tools"]["aiperf"] == "0.13.0" and result["url"].startswith("http://127.0.0.1:")
