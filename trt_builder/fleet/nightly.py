@@ -521,7 +521,6 @@ def _run_entry(
 def _bench(er: EntryResult, repository: Path, out: Path) -> None:
     """Load-test the entry's repository (served for it); its figures join the metrics. An
     error ends the entry as one (the build itself passed)."""
-    from ..bench.figures import value
     from ..bench.run import bench
 
     assert er.entry.bench is not None
@@ -532,11 +531,9 @@ def _bench(er: EntryResult, repository: Path, out: Path) -> None:
         return
     er.paths["bench_report"] = str(out.with_suffix(".html"))
     for point in result["points"]:
+        summary, at = point["summary"], f"bench.{point['mode']}{point['load']:g}"
         for key, *_ in BENCH_FIGURES:
-            name = f"bench.{point['mode']}{point['load']:g}.{key}"
-            figures = [value(r, key) for r in point["repeats"]]
-            known = [x for x in figures if x is not None]
-            er.metrics[name] = sum(known) / len(known) if known else None
+            er.metrics[f"{at}.{key}"] = summary[key]["mean"]
 
 
 def _history_record(result: NightlyResult) -> dict[str, Any]:
