@@ -5,9 +5,9 @@ from the result JSON alone (what the page shows is what the file holds)."""
 from __future__ import annotations
 
 import html
-import io
 from typing import Any
 
+from ..core.svg import figure_svg
 from .compare import compare
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -23,16 +23,6 @@ def _e(text: Any) -> str:
 
 def _n(x: Any, spec: str = ".0f") -> str:
     return "–" if x is None else format(float(x), spec)
-
-
-def _svg(fig: Any) -> str:
-    import matplotlib
-
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "bench"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    svg = buf.getvalue()
-    return svg[svg.index("<svg") :]
 
 
 def served_by(result: dict[str, Any]) -> str:
@@ -74,7 +64,7 @@ def _curve(results: list[dict[str, Any]]) -> str:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, bbox_to_anchor=(0.5, -0.12))
     fig.suptitle("throughput against latency (labels: concurrency or requests/s)")
-    return _svg(fig)
+    return figure_svg(fig, "curve")
 
 
 def _ttft_distribution(result: dict[str, Any]) -> str:
@@ -92,7 +82,7 @@ def _ttft_distribution(result: dict[str, Any]) -> str:
     ax.set_ylabel("fraction of requests")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _svg(fig)
+    return figure_svg(fig, "ttft")
 
 
 def _spread(s: dict[str, Any], spec: str) -> str:

@@ -7,7 +7,6 @@ so they never disagree with verify.json. matplotlib is imported only when a page
 from __future__ import annotations
 
 import html
-import io
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.fsio import write_text
+from ..core.svg import figure_svg
 
 SUITE = "trt-builder verify"
 
@@ -285,19 +285,6 @@ def _positive(xs: list[Any], ys: list[Any]) -> tuple[list[float], list[float]]:
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
-def _svg(fig: Any, salt: str) -> str:
-    import matplotlib
-
-    buf = io.StringIO()
-    # text as <text> (small, selectable); a salt per plot keeps ids apart within one page;
-    # no metadata block, so the page holds no URLs but the SVG namespaces
-    no_metadata = dict.fromkeys(("Creator", "Date", "Format", "Type"))
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata=no_metadata)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg") :]
-
-
 def _plot_layers(rows: list[dict[str, Any]]) -> str:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -311,7 +298,7 @@ def _plot_layers(rows: list[dict[str, Any]]) -> str:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("relative error of hidden states")
     ax.grid(True, which="both", alpha=0.3)
-    return _svg(fig, "by_layer")
+    return figure_svg(fig, "by_layer")
 
 
 def _plot_positions(rows: list[dict[str, Any]]) -> str:
@@ -330,7 +317,7 @@ def _plot_positions(rows: list[dict[str, Any]]) -> str:
     top1_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (kl_ax, top1_ax):
         ax.grid(True, which="both", alpha=0.3)
-    return _svg(fig, "by_position")
+    return figure_svg(fig, "by_position")
 
 
 def _plot_prompts(prompts: list[dict[str, Any]], min_top1: float | None) -> str:
@@ -348,7 +335,7 @@ def _plot_prompts(prompts: list[dict[str, Any]], min_top1: float | None) -> str:
         ax.axvline(min_top1, color="#555", linestyle="--", label=f"gate min_top1 {min_top1}")
         ax.legend(loc="lower right", bbox_to_anchor=(1, 1), frameon=False)  # above the bars
     ax.set_xlabel("top-1 agreement")
-    return _svg(fig, "by_prompt")
+    return figure_svg(fig, "by_prompt")
 
 
 def _plots(report: dict[str, Any]) -> str:
