@@ -122,3 +122,26 @@ def test_cuda_calibration_agrees_with_cpu(tiny_llama: Path, tmp_path: Path) -> N
     for name in cpu:
         torch.testing.assert_close(cuda[name], cpu[name], rtol=1e-3, atol=1e-4)
     assert not (tmp_path / "cuda" / "offload").exists()
+
+
+@pytest.mark.parametrize("calibrated_in", [None, torch.bfloat16])
+def test_the_search_takes_the_calibrated_model_only_in_the_dtype_it_loads(
+    tiny_llama: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    calibrated_in: torch.dtype | None,
+) -> None:
+    """calibrate leaves its model for the recipe search; a model calibrated in bfloat16 (a CPU
+    that computes it natively) is not the float32 one the search scores, and is loaded anew."""
+    from trt_builder.calibrate import MODEL_HANDOFF, stats
+
+    monkeypatch.setattr(stats, "calibration_dtype", lambda device: calibrated_in)
+    handoff: dict[str, object] = {}
+    calibrate(
+        tiny_llama, tmp_path, CalibrationOptions(samples=2, seq_len=16, device="cpu"), handoff
+    )
+    _, calibrated = handoff[MODEL_HANDOFF]  # type: ignore[misc]
+    assert next(calibrated.parameters()).dtype == (calibrated_in or torch.float32)
+    model = stats.take_model(handoff, tiny_llama, "cpu", tmp_path / "offload")
+    assert not handoff and next(model.parameters()).dtype == torch.float32
+    assert (model is calibrated) == (calibrated_in is None)

@@ -102,14 +102,15 @@ def collect(
     return recorder.tensors()
 
 
-def load_model(hf_dir: Path, device: str, offload: Path) -> Any:
+def load_model(hf_dir: Path, device: str, offload: Path, dtype: torch.dtype | None = None) -> Any:
     """The transformers model on `device`: on cuda across every GPU, spilling to CPU memory
-    and then to `offload` on disk (accelerate); float32 on the CPU."""
+    and then to `offload` on disk (accelerate); on the CPU in `dtype`, float32 unless given."""
 
     if device == "cuda":  # every GPU, spilling to CPU memory and then to disk (accelerate)
         offload.mkdir(parents=True, exist_ok=True)
-        return load_hf_model(hf_dir, dtype="auto", device_map="auto", offload_folder=str(offload))
-    return load_hf_model(hf_dir)
+        return load_hf_model(hf_dir, dtype=dtype or "auto", device_map="auto",
+                             offload_folder=str(offload))  # fmt: skip
+    return load_hf_model(hf_dir) if dtype is None else load_hf_model(hf_dir, dtype=dtype)
 
 
 def calibration_dtype(device: str) -> torch.dtype | None:
@@ -123,19 +124,26 @@ def calibration_dtype(device: str) -> torch.dtype | None:
     return None
 
 
-def hand_over(handoff: dict[str, Any], hf_dir: Path, device: str, model: Any) -> None:
-    """Leave the loaded model for the next stage (the recipe search loads the same one),
-    unless part of it lives in an offload folder that is about to be removed."""
+def _handoff_key(hf_dir: Path, device: str, dtype: torch.dtype | None) -> tuple[str, str, str]:
+    return str(hf_dir.resolve()), device, str(dtype)
+
+
+def hand_over(
+    handoff: dict[str, Any], hf_dir: Path, device: str, dtype: torch.dtype | None, model: Any
+) -> None:
+    """Leave the model `load_model` loaded (in `dtype`) for the next stage, unless part of it
+    lives in an offload folder that is about to be removed."""
     if "disk" not in set(getattr(model, "hf_device_map", {}).values()):
-        handoff[MODEL_HANDOFF] = ((str(hf_dir.resolve()), device), model)
+        handoff[MODEL_HANDOFF] = (_handoff_key(hf_dir, device, dtype), model)
 
 
 def take_model(handoff: dict[str, Any], hf_dir: Path, device: str, offload: Path) -> Any:
-    """The model the calibration left (taken: it is used once), or `load_model`'s."""
+    """The model the calibration left (taken: it is used once) where it is `load_model`'s
+    default load of the same directory on the same device, else that load."""
     key, model = handoff.pop(MODEL_HANDOFF, (None, None))
-    if key == (str(hf_dir.resolve()), device):
+    if key == _handoff_key(hf_dir, device, None):
         return model
-    del model
+    del model  # calibrated in another dtype: freed before the load
     return load_model(hf_dir, device, offload)
 
 
@@ -155,10 +163,7 @@ def calibrate(
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     ids = make_samples(tokenizer, texts, options)
     dtype = calibration_dtype(device)
-    if dtype is None:
-        model = load_model(hf_dir, device, out_dir / "offload").eval()
-    else:
-        model = load_hf_model(hf_dir, dtype=dtype).eval()
+    model = load_model(hf_dir, device, out_dir / "offload", dtype).eval()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     stats = collect(model, ids, options.batch_size, family_for(read_hf_config(hf_dir)))
@@ -177,8 +182,8 @@ def calibrate(
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    if handoff is not None and dtype is None:  # the recipe search needs load_model's dtype
-        hand_over(handoff, hf_dir, device, model)
+    if handoff is not None:
+        hand_over(handoff, hf_dir, device, dtype, model)
     if (out_dir / "offload").exists():
         import shutil
 
