@@ -13,15 +13,14 @@ cache adds 0.5 percentage point at most on either. Exits 1 when one is missed.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _cli import held_out
 
 
 def main() -> None:
@@ -31,9 +30,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.floats import convert_checkpoint
     from trt_builder.convert.smoothquant import convert_smoothquant
@@ -43,16 +41,7 @@ def main() -> None:
     from trt_builder.spec.build import CalibrationOptions
     from trt_builder.spec.modes import SmoothQuant, WeightOnlyInt8
 
-    work = Path(tempfile.mkdtemp(prefix="trt-builder-int8-"))
-    atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind
-    if args.hf is None:
-        from trt_builder.pipeline.build import run
-        from trt_builder.spec.build import make_spec
-
-        args.hf = Path(run(make_spec(out=work / "engines"), only=("fetch",)).layout.hf)
-    hf: Path = args.hf
-    tokenizer = AutoTokenizer.from_pretrained(hf)
-    ids = torch.tensor(corpus_windows(tokenizer, args.tokens))
+    work, hf, ids = held_out(args.hf, args.tokens, "trt-builder-int8-")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     with torch.inference_mode():
         ref = torch.cat([model(ids[i : i + 8]).logits.float() for i in range(0, len(ids), 8)])

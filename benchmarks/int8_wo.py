@@ -20,15 +20,15 @@ clipped checkpoint's KL is not below modelopt's and plain rounding's.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _cli import held_out
 
 MODELOPT = "modelopt INT8_WEIGHT_ONLY_CFG (float32 fake-quant)"
 PLAIN = "int8-wo-plain (builder's rounding)"
@@ -43,9 +43,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert import floats
     from trt_builder.convert.clipping import CLIPPED_LINEARS
@@ -55,15 +54,7 @@ def main() -> None:
     from trt_builder.spec.build import CalibrationOptions
     from trt_builder.spec.modes import FloatMode, QuantMode, WeightOnlyInt8
 
-    work = Path(tempfile.mkdtemp(prefix="trt-builder-int8-wo-"))
-    atexit.register(shutil.rmtree, work, True)  # checkpoints and the model: never left behind
-    if args.hf is None:
-        from trt_builder.pipeline.build import run
-        from trt_builder.spec.build import make_spec
-
-        args.hf = Path(run(make_spec(out=work / "engines"), only=("fetch",)).layout.hf)
-    hf: Path = args.hf
-    ids = torch.tensor(corpus_windows(AutoTokenizer.from_pretrained(hf), args.tokens))
+    work, hf, ids = held_out(args.hf, args.tokens, "trt-builder-int8-wo-")
 
     def logits_of(forward: Any) -> torch.Tensor:
         with torch.inference_mode():
