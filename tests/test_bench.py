@@ -277,3 +277,9 @@ def test_a_throughput_drop_fails_the_night_and_names_the_metric(
     for name in ("top1", "kl_mean", "ppl_delta_pct", "greedy_agreement"):  # quality stays green
         assert entry["metrics"][name] == recorded[name]
     assert entry["stages"]["convert"] == entry["stages"]["verify"] == "cached"
+    # the CI summary's load table: the regressed figure in bold with the old one, and what
+    # served it (a PyTorch reference here, said so)
+    md = (tmp_path / "r2" / "nightly.md").read_text()
+    (row,) = [line for line in md.splitlines() if line.startswith("| `tiny/f32` | served by")]
+    assert "a PyTorch reference, not TensorRT-LLM | concurrency 1 |" in row
+    assert f"(was {3 * tok_s:.2f})" in row.split(" | ")[3]

@@ -102,6 +102,7 @@ class EntryResult:
     exit_code: int = 0
     seconds: float = 0.0
     hashed_bytes: int = 0  # bytes read to digest inputs: 0 when nothing changed
+    bench_served_by: str | None = None  # what served the bench's repository (bench/report.py)
     traceback: str | None = None  # an unexpected error's, for the report
 
     @property
@@ -142,6 +143,7 @@ class EntryResult:
             "accepted": self.accepted,
             "notices": self.notices,
             "paths": self.paths,
+            "bench_served_by": self.bench_served_by,
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
             "hashed_bytes": self.hashed_bytes,
@@ -521,6 +523,7 @@ def _run_entry(
 def _bench(er: EntryResult, repository: Path, out: Path) -> None:
     """Load-test the entry's repository (served for it); its figures join the metrics. An
     error ends the entry as one (the build itself passed)."""
+    from ..bench.report import served_by
     from ..bench.run import bench
 
     assert er.entry.bench is not None
@@ -530,6 +533,7 @@ def _bench(er: EntryResult, repository: Path, out: Path) -> None:
         er.status, er.message, er.exit_code = "error", f"bench: {exc}", exc.exit_code
         return
     er.paths["bench_report"] = str(out.with_suffix(".html"))
+    er.bench_served_by = served_by(result)
     for point in result["points"]:
         summary, at = point["summary"], f"bench.{point['mode']}{point['load']:g}"
         for key, *_ in BENCH_FIGURES:

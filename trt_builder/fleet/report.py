@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core.fsio import write_json, write_text
 from ..verify.reports import _x
-from .file import METRICS
+from .file import BENCH_FIGURES, METRICS
 from .nightly import EntryResult, NightlyResult
 
 SUITES = "trt-builder nightly"
@@ -16,7 +16,7 @@ _ICON = {"passed": "✅", "failed": "❌", "regressed": "📉", "error": "💥"}
 
 
 def _cell(entry: EntryResult, name: str) -> str:
-    metric = next(m for m in METRICS if m.name == name)
+    metric = next(m for m in entry.entry.metrics if m.name == name)
     value = entry.metrics.get(name)
     if value is None:
         return "–"
@@ -61,6 +61,7 @@ def markdown(result: NightlyResult) -> str:
             + " | ".join(_cell(e, m.name) for m in METRICS)
             + " |"
         )
+    lines += _bench_table(result)
     problems = [e for e in result.entries if not e.good or e.accepted]
     if problems:
         lines += ["", "### What went wrong", ""]
@@ -82,6 +83,23 @@ def markdown(result: NightlyResult) -> str:
         for entry_id, note in notes:
             lines.append(f"- `{entry_id}`: {note}")
     return "\n".join(lines) + "\n"
+
+
+def _bench_table(result: NightlyResult) -> list[str]:
+    """The bench figures, a row an entry and load point, and what served them."""
+    benched = [e for e in result.entries if e.bench_served_by is not None]
+    if not benched:
+        return []
+    lines = ["", "### Load (trt-builder bench)", "",
+             "| entry | what served it | load | output tokens/s | requests/s | TTFT p50 (ms) | "
+             "ITL p50 (ms) | errors |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for e in benched:
+        assert e.entry.bench is not None
+        for mode, load in e.entry.bench.points():
+            at = f"bench.{mode}{load:g}"
+            cells = " | ".join(_cell(e, f"{at}.{key}") for key, *_ in BENCH_FIGURES)
+            lines.append(f"| `{e.entry.id}` | {e.bench_served_by} | {mode} {load:g} | {cells} |")
+    return lines
 
 
 def junit_xml(result: NightlyResult) -> str:
