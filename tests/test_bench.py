@@ -84,6 +84,24 @@ def test_bad_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
         BenchOptions(**kwargs)
 
 
+def test_ignore_eos_sends_the_end_id_no_token_is(tmp_path: Path) -> None:
+    """--ignore-eos: every request's payload carries end_id -1 (aiperf merges extra inputs into
+    the template's payload), TensorRT-LLM's own ignore_eos value; without it, no end_id is sent
+    and the deployment's end token ends an answer."""
+    from trt_builder.bench.loadgen import Aiperf, command
+
+    def argv(**kw: Any) -> list[str]:
+        return command(Aiperf("aiperf", "0.13.0"), BenchOptions(prompts="synthetic", **kw),
+                       "concurrency", 1.0, url="http://h:8000", tokenizer=tmp_path, prompts=None,
+                       out=tmp_path, seed=0)  # fmt: skip
+
+    extra = [argv(ignore_eos=True)[i + 1] for i, a in enumerate(argv(ignore_eos=True))
+             if a == "--extra-inputs"]  # fmt: skip
+    assert "end_id:-1" in extra and not any("end_id" in a for a in argv())
+    with pytest.raises(SpecError, match="ignore_eos must be true or false"):
+        BenchOptions(ignore_eos="yes")  # type: ignore[arg-type]
+
+
 def test_a_jsonl_line_without_text_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text('{"text": "Hello", "output_length": 4}\n\n{"prompt": "no text here"}\n')

@@ -99,6 +99,8 @@ def command(
         argv += ["--request-count", str(options.requests)]
     if options.warmup:
         argv += ["--warmup-request-count", str(options.warmup)]
+    if options.ignore_eos:  # merged into the payload: no token ends an answer early
+        argv += ["--extra-inputs", "end_id:-1"]
     if prompts is None:
         argv += ["--isl", str(options.input_tokens), "--isl-stddev", "0",
                  "--osl", str(options.output_tokens), "--osl-stddev", "0"]  # fmt: skip

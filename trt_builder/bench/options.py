@@ -20,7 +20,9 @@ class BenchOptions:
 
     `prompts`: "bundled" (verify's prompt set, as chats), "synthetic" (`input_tokens` random
     tokens each), or a JSONL file of {"text": ..., "output_length": N} lines; `output_tokens`
-    is each answer's length where a line does not say.
+    is each answer's length where a line does not say: its longest, unless `ignore_eos`, when
+    every answer is that long (the request's end_id is -1, which no token is: TensorRT-LLM's
+    own ignore_eos, tensorrt_llm/llmapi, sends the executor the same).
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
@@ -32,6 +34,7 @@ class BenchOptions:
     prompts: str = "bundled"
     input_tokens: int = 128
     output_tokens: int = 64
+    ignore_eos: bool = False
     seed: int = 0
     model: str = "ensemble"
 
@@ -50,6 +53,8 @@ class BenchOptions:
             raise SpecError("--warmup must be 0 or more and --repeats 1 or more")
         if self.input_tokens < 1 or self.output_tokens < 1:
             raise SpecError("--input-tokens and --output-tokens must be 1 or more")
+        if not isinstance(self.ignore_eos, bool):
+            raise SpecError("ignore_eos must be true or false")
         if self.prompts not in PROMPT_SOURCES and not Path(self.prompts).suffix == ".jsonl":
             raise SpecError(f"--prompts {self.prompts!r}: use bundled, synthetic or a .jsonl file")
 

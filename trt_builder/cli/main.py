@@ -493,6 +493,8 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 @click.option(
     "--output-tokens", type=int, default=64, show_default=True, help="Each answer's length."
 )
+@click.option("--ignore-eos", is_flag=True,
+              help="Every answer --output-tokens long: the end token does not end it (end_id -1).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--model", default="ensemble", show_default=True)
 @click.option("--tokenizer", type=click.Path(path_type=Path),
@@ -504,8 +506,8 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 @options.apply(options.OUTPUT_OPTIONS)
 def bench_command(targets: tuple[str, ...], concurrency: str, rate: str, requests: int,
                   duration: float | None, warmup: int, repeats: int, prompts: str,
-                  input_tokens: int, output_tokens: int, seed: int, model: str,
-                  tokenizer: Path | None, compare_files: tuple[Path, Path] | None, out: Path,
+                  input_tokens: int, output_tokens: int, ignore_eos: bool, seed: int,
+                  model: str, tokenizer: Path | None, compare_files: tuple[Path, Path] | None, out: Path,
                   as_json: bool) -> None:  # fmt: skip
     """Load-test a Triton deployment of a trt-builder repository with aiperf: time to first
     token, inter-token latency, end-to-end latency and throughput at each concurrency or
@@ -533,7 +535,8 @@ def bench_command(targets: tuple[str, ...], concurrency: str, rate: str, request
         bench_options = BenchOptions(
             concurrency=_numbers(concurrency, int, "--concurrency"), rates=_numbers(rate, float, "--rate"),
             requests=requests, duration=duration, warmup=warmup, repeats=repeats, prompts=prompts,
-            input_tokens=input_tokens, output_tokens=output_tokens, seed=seed, model=model,
+            input_tokens=input_tokens, output_tokens=output_tokens, ignore_eos=ignore_eos,
+            seed=seed, model=model,
         )  # fmt: skip
         if bench_options.prompts.endswith(".jsonl") and not Path(bench_options.prompts).is_file():
             raise InputError(f"--prompts {bench_options.prompts}: no such file")
