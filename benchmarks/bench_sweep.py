@@ -26,6 +26,7 @@ import argparse
 import atexit
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -104,13 +105,14 @@ def main() -> None:
     if args.synthetic or args.ignore_eos:
         bench_flags.append("--ignore-eos")
     (work / "streaming.toml").write_text("[triton]\nstreaming = true\n")
-    exe = executable()
+    found = Path(executable())
+    exe = [str(found)] if found.is_file() else [sys.executable, "-m", "trt_builder.cli.main"]
     env_note = f"{device()}; trt-builder bench {' '.join(bench_flags)}"
     print(env_note, flush=True)
 
     repositories: dict[str, str] = {}
     for name, flags in BUILDS:
-        seconds, stdout = timed([exe, "build", *model, *flags, *build_flags, "--out",
+        seconds, stdout = timed([*exe, "build", *model, *flags, *build_flags, "--out",
                                  str(work / "engines"), "--triton-root",
                                  str(work / f"triton-{name}"), "--json"], work)  # fmt: skip
         package = next(s for s in json.loads(stdout)["stages"] if s["name"] == "package")
@@ -119,7 +121,7 @@ def main() -> None:
 
     figures: dict[str, dict[str, object]] = {}
     for name, repository in repositories.items():
-        seconds, _ = timed([exe, "bench", repository, *bench_flags,
+        seconds, _ = timed([*exe, "bench", repository, *bench_flags,
                             "--out", str(out / f"{name}.json")], work)  # fmt: skip
         result = json.loads((out / f"{name}.json").read_text())
         figures[name] = {
@@ -136,7 +138,7 @@ def main() -> None:
                   f"{f['ttft_ms.p50']:10.0f}{f['itl_ms.p50']:9.1f}{f['errors']:8.0f}")  # fmt: skip
     for label, a, b in COMPARISONS:
         target = out / f"{label}.json"
-        timed([exe, "bench", "--compare", str(out / f"{a}.json"), str(out / f"{b}.json"),
+        timed([*exe, "bench", "--compare", str(out / f"{a}.json"), str(out / f"{b}.json"),
                "--out", str(target)], work)  # fmt: skip
         rows = json.loads(target.read_text())["comparison"]
         print(f"\n{label} (B = {b} against A = {a}):")
