@@ -1,5 +1,5 @@
-"""What the benchmarks share: the trt-builder executable, a timed run of it, and the held-out
-text the INT8 benchmarks score on."""
+"""What the benchmarks share: the trt-builder executable, a timed run of it, the held-out text
+the INT8 benchmarks score on, and synthetic Llama-shaped models."""
 
 from __future__ import annotations
 
@@ -45,3 +45,20 @@ def held_out(hf: Path | None, tokens: int, prefix: str) -> tuple[Path, Path, Any
 
         hf = Path(run(make_spec(out=work / "engines"), only=("fetch",)).layout.hf)
     return work, hf, torch.tensor(corpus_windows(AutoTokenizer.from_pretrained(hf), tokens))
+
+
+def synthetic_llama(out: Path, tokenizer: Path, shape: dict[str, Any], device: str = "cpu") -> None:
+    """A LlamaForCausalLM of `shape` (LlamaConfig's keys) with random bfloat16 weights from
+    seed 0 and the vocabulary of `tokenizer` (a directory with tokenizer.json), written with
+    that tokenizer as a local model directory; made on `device`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    config = LlamaConfig(**shape, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="2GB")
+    tok.save_pretrained(out)

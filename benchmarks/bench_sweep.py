@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _cli import executable, timed
+from _cli import executable, synthetic_llama, timed
 
 #: SmolLM2-135M-Instruct's shape (its config.json); the weights are random.
 SMOLLM2_135M = {
@@ -48,19 +48,6 @@ BUILDS = (
 )
 COMPARISONS = (("int8-vs-float16", "float16", "int8"),
                ("batching-vs-batch1", "float16-batch1", "float16"))  # fmt: skip
-
-
-def make_synthetic(out: Path, tokenizer: Path, layers: int) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    shape = {**SMOLLM2_135M, "num_hidden_layers": layers}
-    config = LlamaConfig(**shape, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
-    tok.save_pretrained(out)
 
 
 def device() -> str:
@@ -97,7 +84,9 @@ def main() -> None:
     build_flags = ["--config", str(work / "streaming.toml")]
     if args.synthetic:
         start = time.perf_counter()
-        make_synthetic(work / "synthetic", args.synthetic, args.layers)
+        synthetic_llama(
+            work / "synthetic", args.synthetic, {**SMOLLM2_135M, "num_hidden_layers": args.layers}
+        )
         print(f"wrote SmolLM2-135M's shape, random weights, in {time.perf_counter() - start:.1f} s")
         model = ["--model", str(work / "synthetic")]
         # random weights give near-flat logits: agreement with the float model means nothing

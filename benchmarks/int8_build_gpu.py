@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from _cli import synthetic_llama
+
 LLAMA2_7B = {
     "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
@@ -34,19 +36,6 @@ LLAMA2_7B = {
     "tie_word_embeddings": False, "architectures": ["LlamaForCausalLM"],
 }  # fmt: skip
 GIB = 1 << 30
-
-
-def make_model(out: Path, tokenizer: Path, layers: int) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    config = LlamaConfig(**{**LLAMA2_7B, "num_hidden_layers": layers, "vocab_size": len(tok)})
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out, max_shard_size="2GB")
-    tok.save_pretrained(out)
 
 
 def main() -> None:
@@ -65,7 +54,9 @@ def main() -> None:
     model_dir = work / "model"
     if not (model_dir / "config.json").is_file():
         start = time.perf_counter()
-        make_model(model_dir, args.tokenizer, args.layers)
+        synthetic_llama(
+            model_dir, args.tokenizer, {**LLAMA2_7B, "num_hidden_layers": args.layers}, "cuda"
+        )
         print(f"wrote the synthetic model in {time.perf_counter() - start:.1f} s", flush=True)
     out = work / "engines"
     shutil.rmtree(out, ignore_errors=True)
