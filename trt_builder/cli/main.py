@@ -490,9 +490,8 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 @click.option(
     "--input-tokens", type=int, default=128, show_default=True, help="Synthetic prompts' length."
 )
-@click.option(
-    "--output-tokens", type=int, default=64, show_default=True, help="Each answer's length."
-)
+@click.option("--output-tokens", type=int, default=64, show_default=True,
+              help="Each answer's longest length (every answer's, with --ignore-eos).")  # fmt: skip
 @click.option("--ignore-eos", is_flag=True,
               help="Every answer --output-tokens long: the end token does not end it (end_id -1).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
