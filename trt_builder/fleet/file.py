@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..bench.figures import HEADLINE
 from ..bench.options import BenchOptions
 from ..core.digests import sha256_json
 from ..core.errors import SpecError
@@ -62,13 +63,13 @@ METRIC_NAMES = tuple(m.name for m in METRICS)
 
 #: The bench figures a nightly tracks at each of an entry's load points (its `bench` table),
 #: by bench/figures.py name: as metrics named bench.<mode><load>.<figure>, e.g.
-#: bench.concurrency4.output_token_throughput.
+#: bench.concurrency4.output_token_throughput. Which way is better is bench's own (HEADLINE).
 BENCH_FIGURES = (
-    ("output_token_throughput", "output tokens/s", True, "{:.2f}"),
-    ("request_throughput", "requests/s", True, "{:.3f}"),
-    ("ttft_ms.p50", "time to first token p50 (ms)", False, "{:.1f}"),
-    ("itl_ms.p50", "inter-token latency p50 (ms)", False, "{:.2f}"),
-    ("errors", "errors", False, "{:.0f}"),
+    ("output_token_throughput", "output tokens/s", "{:.2f}"),
+    ("request_throughput", "requests/s", "{:.3f}"),
+    ("ttft_ms.p50", "time to first token p50 (ms)", "{:.1f}"),
+    ("itl_ms.p50", "inter-token latency p50 (ms)", "{:.2f}"),
+    ("errors", "errors", "{:.0f}"),
 )
 BENCH_TOLERANCE_NAMES = tuple(f"bench.{f[0]}" for f in BENCH_FIGURES)
 
@@ -93,9 +94,9 @@ DEFAULT_TOLERANCES = {
 def bench_metrics(options: BenchOptions) -> tuple[Metric, ...]:
     """The nightly metrics of a bench: BENCH_FIGURES at each load point."""
     return tuple(
-        Metric(f"bench.{mode}{load:g}.{key}", f"{label} at {mode} {load:g}", higher, fmt)
+        Metric(f"bench.{mode}{load:g}.{key}", f"{label} at {mode} {load:g}", HEADLINE[key] > 0, fmt)
         for mode, load in options.points()
-        for key, label, higher, fmt in BENCH_FIGURES
+        for key, label, fmt in BENCH_FIGURES
     )
 
 
