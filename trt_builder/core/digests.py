@@ -1,4 +1,6 @@
-"""sha256 digests of files and directories, memoized by (path, size, mtime, inode).
+"""sha256 digests of files and directories, memoized by (path, size, mtime, inode); a hard link
+of a memoized file (the Triton repository links the checkpoint's rank files) is found by its
+device and inode.
 
 The files of a directory are hashed on several threads (hashlib lets go of the GIL): a model's
 shards take the time of the largest, not of their sum, on a host with the cores.
@@ -56,6 +58,7 @@ class DigestCache:
         self._mutex = threading.Lock()
         self.hashed_bytes = 0  # bytes actually read this process: 0 on a fully memoized rerun
         self._forgotten: tuple[str, ...] = ()  # prefixes of removed directories (gc)
+        self._by_inode: dict[tuple[int, int], dict] | None = None  # built on first need
         if path is not None and path.is_file():
             try:
                 self._entries = json.loads(path.read_text())
@@ -63,15 +66,40 @@ class DigestCache:
                 self._entries = {}  # a damaged memo is only a slower run
 
     def known(self, path: Path) -> str | None:
-        """The memoized digest of `path` while its size, mtime and inode agree; else None."""
+        """The memoized digest of `path` while its size, mtime and inode agree, or of another
+        name of the same file (a hard link: same device and inode); else None."""
         path = path.resolve()
         st = path.stat()
         stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
         with self._mutex:
             hit = self._entries.get(str(path))
+            if not (hit and all(hit.get(k) == v for k, v in stamp.items())):
+                hit = self._linked(stamp | {"dev": st.st_dev})
+                if hit is not None:
+                    self._entries[str(path)] = dict(hit)
+                    self._dirty = True
+        return None if hit is None else str(hit["sha256"])
+
+    def _linked(self, stamp: dict[str, int]) -> dict | None:
+        """An entry for the file with this device, inode, size and mtime (under the mutex)."""
+        if self._by_inode is None:
+            self._by_inode = {}
+            for entry in self._entries.values():
+                if "dev" in entry:
+                    self._by_inode[(entry["dev"], entry["ino"])] = entry
+        hit = self._by_inode.get((stamp["dev"], stamp["ino"]))
         if hit and all(hit.get(k) == v for k, v in stamp.items()):
-            return str(hit["sha256"])
+            return hit
         return None
+
+    def _record(self, key: str, st: os.stat_result, digest: str) -> None:
+        """Memoize `digest` for the file `key` whose stat is `st` (under the mutex)."""
+        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+                 "dev": st.st_dev, "sha256": digest}  # fmt: skip
+        self._entries[key] = entry
+        if self._by_inode is not None:
+            self._by_inode[(st.st_dev, st.st_ino)] = entry
+        self._dirty = True
 
     def file(self, path: Path) -> str:
         path = path.resolve()
@@ -79,13 +107,10 @@ class DigestCache:
         if hit is not None:
             return hit
         st = path.stat()
-        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
-        key = str(path)
         digest = sha256_file(path)
         with self._mutex:
             self.hashed_bytes += st.st_size
-            self._entries[key] = {**stamp, "sha256": digest}
-            self._dirty = True
+            self._record(str(path), st, digest)
         return digest
 
     def remember(self, path: Path, digest: str) -> None:
@@ -93,9 +118,7 @@ class DigestCache:
         path = path.resolve()
         st = path.stat()
         with self._mutex:
-            self._entries[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                        "ino": st.st_ino, "sha256": digest}  # fmt: skip
-            self._dirty = True
+            self._record(str(path), st, digest)
 
     def files(self, paths: list[Path]) -> list[str]:
         """The digests of `paths`, in order; those not memoized hashed on several threads."""
