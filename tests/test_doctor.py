@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trt_builder.engine import doctor
+from trt_builder.pipeline import doctor as host_doctor
 
 STANDINS = Path(__file__).parent / "standins"
 
@@ -33,22 +34,22 @@ def test_a_hopper_host_builds_every_mode(host: pytest.MonkeyPatch, tmp_path: Pat
     ] == 81559
     assert report["cuda_driver"] == "12.9" and report["tensorrt"] == "10.13.3.9"
     assert report["free_disk_gib"] > 0 and report["host_memory_gib"] > 0
-    assert set(report["buildable"].values()) == {"yes"}
+    assert set(report["engine"].values()) == {"yes"}
 
 
 def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> None:
     host.setenv("FAKE_SMI_GPUS", "NVIDIA B200, 10.0, 183359, 580.95.05")
-    b200 = doctor.inspect(tmp_path)["buildable"]
+    b200 = doctor.inspect(tmp_path)["engine"]
     assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
     assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m] for m in doctor.INT8_MODES)
     host.setenv("FAKE_SMI_GPUS", "NVIDIA T4, 7.5, 15360, 575.57.08")
-    assert "bfloat16 needs SM 80" in doctor.inspect(tmp_path)["buildable"]["bfloat16"]
+    assert "bfloat16 needs SM 80" in doctor.inspect(tmp_path)["engine"]["bfloat16"]
     host.setenv("FAKE_SMI_GPUS", "")
-    assert doctor.inspect(tmp_path)["buildable"]["float16"] == "no: no NVIDIA GPU visible"
+    assert doctor.inspect(tmp_path)["engine"]["float16"] == "no: no NVIDIA GPU visible"
     host.setattr(
         doctor, "tool_version", lambda name: "1.3.0" if name == "tensorrt-llm" else "absent"
     )
-    assert "not a pinned release" in doctor.inspect(tmp_path)["buildable"]["int8"]
+    assert "not a pinned release" in doctor.inspect(tmp_path)["engine"]["int8"]
 
 
 def test_doctor_command(
@@ -61,14 +62,20 @@ def test_doctor_command(
     assert json.loads(capsys.readouterr().out)["gpus"][0]["name"] == "NVIDIA L4"
     assert main(["doctor", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "NVIDIA L4 (SM 89, 22 GiB)" in text and "build int8" in text
+    assert "NVIDIA L4 (SM 89, 22 GiB)" in text and "int8 engine              yes" in text
 
 
 def test_this_machine_without_tensorrt_llm(tmp_path: Path) -> None:
-    """The real host here: no TensorRT-LLM, so no mode builds an engine, and it says why."""
-    report = doctor.inspect(tmp_path)
+    """The real host here: no TensorRT-LLM, so no mode builds an engine, and it says why; every
+    mode builds all the rest, and the wheel's tritonserver serves it on the reference backend."""
+    report = host_doctor.inspect(tmp_path)
     if report["tensorrt_llm"] != "absent":
         pytest.skip("TensorRT-LLM is installed here")
-    assert set(report["buildable"].values()) == {
-        "no: TensorRT-LLM is not installed (the NGC container has it)"
-    }
+    assert set(report["engine"]) == set(doctor.MODES)
+    for mode, can in report["modes"].items():
+        assert can["engine"] == "no: TensorRT-LLM is not installed (the NGC container has it)"
+        assert (
+            can["build"] == "yes: every stage but the engine (whose trtllm-build command it prints)"
+        ), mode
+        if report["tritonserver"]:  # the serve extra (setup.sh installs it)
+            assert can["serve"].startswith("yes: the checkpoint, on the reference backend"), mode

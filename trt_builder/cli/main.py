@@ -699,14 +699,15 @@ def gc_command(fleet_files: tuple[Path, ...], older_than: int | None,
               help="Engines root whose disk is checked.")  # fmt: skip
 @options.apply(options.OUTPUT_OPTIONS)
 def doctor_command(out: Path, as_json: bool) -> None:
-    """What this host has (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, memory, disk) and which
-    modes it can build engines for.
+    """What this host has (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, tritonserver, memory,
+    disk) and, per mode, what it can do here: build (checkpoint, verify, repository), build the
+    engine, serve.
 
     \b
     Example:
       trt-builder doctor
     """
-    from ..engine.doctor import inspect
+    from ..pipeline.doctor import inspect
 
     report = inspect(out)
     if as_json:
@@ -721,12 +722,15 @@ def doctor_command(out: Path, as_json: bool) -> None:
         ("TensorRT", report["tensorrt"]),
         ("TensorRT-LLM", f"{report['tensorrt_llm']} ({report['trtllm_build'] or 'no trtllm-build'})"),
         ("torch", report["torch"]),
+        ("tritonserver", report["tritonserver"] or "absent"),
         ("host memory", f"{report['host_memory_gib']} GiB"),
         ("free disk", f"{report['free_disk_gib']} GiB at {report['disk_path']}"),
     ]  # fmt: skip
-    rows += [(f"build {mode}", answer) for mode, answer in report["buildable"].items()]
     for label, value in rows:
         click.echo(f"{label:<24} {value}")
+    for mode, can in report["modes"].items():
+        for what in ("build", "engine", "serve"):
+            click.echo(f"{mode + ' ' + what:<24} {can[what]}")
 
 
 @cli.command("models")

@@ -1,5 +1,5 @@
-"""`trt-builder doctor`: what this host has (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, memory,
-disk) and which modes it can build engines for."""
+"""What this host has for engines (GPUs, driver, CUDA, TensorRT, TensorRT-LLM, memory, disk) and
+which modes it can build engines for; `trt-builder doctor` adds the rest (pipeline/doctor.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def buildable(trtllm: str, trtllm_build: str | None, found: list[dict[str, Any]]
 
 
 def inspect(out: Path) -> dict[str, Any]:
-    """Everything `doctor` reports, as data."""
+    """The host's engine facts, as data; `engine`: per mode, whether an engine builds here."""
 
     toolchain = find_toolchain()
     found = gpu_info()
@@ -87,5 +87,5 @@ def inspect(out: Path) -> dict[str, Any]:
         "host_memory_gib": host_memory_gib(),
         "free_disk_gib": free_disk_gib(out),
         "disk_path": str(out),
-        "buildable": buildable(trtllm, trtllm_build, found),
+        "engine": buildable(trtllm, trtllm_build, found),
     }
