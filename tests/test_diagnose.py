@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from trt_builder.convert.clipping import GRID, clamp_rows
 from trt_builder.models.family import TensorRule
 from trt_builder.verify.diagnose import (
+    Clipping,
     check_config,
     check_weights,
     end_findings,
@@ -115,3 +117,89 @@ def test_runtime_evidence() -> None:
         finding.cause == "end-of-sequence ids: the output ends at once"
         and "end ids [2]" in finding.evidence
     )
+
+
+# -- INT8 weight-only clipping: the rule the checkpoint records, not equality -----------------
+
+CLIP_GEN = torch.Generator().manual_seed(1)
+CLIP_HF = {
+    name: torch.randn(rows, 16, generator=CLIP_GEN)
+    for name, rows in (("q", 8), ("k", 4), ("v", 4), ("up", 10), ("gate", 10))
+}
+CLIP_RULES = [
+    TensorRule(
+        "transformer.layers.0.attention.qkv.weight", ("q", "k", "v"), (16, 16),
+        source_shapes=((8, 16), (4, 16), (4, 16)),
+    ),
+    TensorRule("transformer.layers.0.mlp.fc.weight", ("gate",), (10, 16)),
+    TensorRule("transformer.layers.0.mlp.gate.weight", ("up",), (10, 16)),
+]  # fmt: skip
+CLIP_RECORD = Clipping(("qkv.weight", "fc.weight", "gate.weight"), GRID)
+
+
+def _clipped(ratio: float = 0.9) -> dict[str, torch.Tensor]:
+    """Every row clamped at `ratio` of its absmax, as convert writes a clipped row."""
+    ratios = torch.full((16,), ratio)
+    qkv = torch.cat([CLIP_HF["q"], CLIP_HF["k"], CLIP_HF["v"]])
+    return {
+        "transformer.layers.0.attention.qkv.weight": clamp_rows(qkv, ratios, torch.float16).half(),
+        "transformer.layers.0.mlp.fc.weight": clamp_rows(CLIP_HF["gate"], ratio, torch.float16).half(),
+        "transformer.layers.0.mlp.gate.weight": clamp_rows(CLIP_HF["up"], ratio, torch.float16).half(),
+    }  # fmt: skip
+
+
+def _check_clipped(weights: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
+    found = check_weights(weights, CLIP_RULES, CLIP_HF.__getitem__, torch.float16, CLIP_RECORD)
+    return [(f.cause, f.evidence) for f in found]
+
+
+def test_clipped_rows_pass_by_the_recorded_rule_and_equality_would_fail_them() -> None:
+    weights = _clipped()
+    assert _check_clipped(weights) == []
+    # without the record the same weights differ from the model's (what failed int8-wo builds)
+    plain = check_weights(weights, CLIP_RULES, CLIP_HF.__getitem__, torch.float16)
+    assert plain and all("differs from the model's weights" in f.cause for f in plain)
+    # a ratio off the recorded grid is not the rule: rows clamped at 0.7 are named
+    ((cause, evidence),) = _check_clipped(
+        {**weights, "transformer.layers.0.mlp.fc.weight": _clipped(0.7)["transformer.layers.0.mlp.fc.weight"]}
+    )  # fmt: skip
+    assert cause == "transformer.layers.0.mlp.fc.weight differs from the model's weights"
+    assert evidence.startswith("10 of 10 rows are not the model's rows clipped")
+
+
+def test_faults_in_clipped_weights_are_named() -> None:
+    qkv_name = "transformer.layers.0.attention.qkv.weight"
+    w = _clipped()
+    qkv = w[qkv_name].clone()
+    qkv[[1, 9]] = qkv[[9, 1]]  # q row 1 <-> k row 1
+    w[qkv_name] = qkv
+    ((cause, evidence),) = _check_clipped(w)
+    assert cause == f"k and q rows swapped inside {qkv_name}"
+    assert "q row 1 holds k row 1" in evidence
+    w = _clipped()
+    fc, gate = "transformer.layers.0.mlp.fc.weight", "transformer.layers.0.mlp.gate.weight"
+    w[fc], w[gate] = w[gate], w[fc]
+    assert _check_clipped(w) == [("MLP fc and gate swapped in transformer.layers.0", f"{fc} holds the weights of {gate} and the other way round")]  # fmt: skip
+    w = _clipped()
+    w[gate] = w[gate] * 1.5
+    ((cause, evidence),) = _check_clipped(w)
+    assert cause == f"a wrong weight scale in {gate}" and "times 1.5" in evidence
+    w = _clipped()
+    moved = w[fc].clone()
+    moved[[2, 7]] = moved[[7, 2]]
+    w[fc] = moved
+    ((cause, evidence),) = _check_clipped(w)
+    assert cause == f"rows permuted inside {fc}" and "gate row 2 holds gate row 7" in evidence
+
+
+def test_row_parallel_linears_are_clipped_per_tensor_parallel_slice() -> None:
+    dense = "transformer.layers.0.attention.dense.weight"
+    source = {"o": torch.randn(6, 32, generator=torch.Generator().manual_seed(2))}
+    rules = [TensorRule(dense, ("o",), (6, 32))]
+    halves = [clamp_rows(h, 0.85, torch.float16) for h in source["o"].chunk(2, 1)]
+    per_rank = torch.cat(halves, 1).half()
+    record = Clipping(("dense.weight",), GRID, tp=2)
+    assert check_weights({dense: per_rank}, rules, source.__getitem__, torch.float16, record) == []
+    whole = clamp_rows(source["o"], 0.85, torch.float16).half()  # one bound over both slices
+    (finding,) = check_weights({dense: whole}, rules, source.__getitem__, torch.float16, record)
+    assert finding.cause == f"{dense} differs from the model's weights"

@@ -93,7 +93,11 @@ def test_modes_dispatch_by_dtype() -> None:
     assert BuildSpec(dtype="int8-wo").mode.needs_calibration
     plain = make_spec(**{"dtype": "int8-wo", "int8.wo_clip": False}).mode
     assert plain == WeightOnlyInt8(clip=False) and not plain.needs_calibration
-    assert plain.to_json()["version"] == 2 and plain.name == "int8-wo"
+    # ... and builds beside the clipped variant, not over it
+    assert (
+        make_spec(**{"dtype": "int8-wo", "int8.wo_clip": False}).variant == "int8-wo-noclip-tp1-pp1"
+    )
+    assert plain.to_json()["version"] == 2 and plain.name == "int8-wo-noclip"
     with pytest.raises(SpecError, match="int8.wo_clip must be true or false"):
         Int8Options(wo_clip="no")  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):

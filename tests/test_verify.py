@@ -14,10 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trt_builder.checkpoint.reader import read_checkpoint
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.spec.gates import gate_for
-from trt_builder.spec.modes import FloatMode
+from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 from trt_builder.verify.compare import verify_checkpoint
+from trt_builder.verify.diagnose import check_static
 
 pytestmark = pytest.mark.integration
 
@@ -139,3 +141,69 @@ def test_a_tokenizer_from_another_model_fails_verify(
     assert finding["cause"] == "a tokenizer that is not the model's own"
     assert "vocabulary 384 vs the model's 49152" in finding["evidence"]
     assert "prompts encode differently" in finding["evidence"]
+
+
+# -- INT8 weight-only: clipped weights are checked by the clipping's rule, faults still named --
+
+
+@pytest.fixture(scope="module")
+def clipped(
+    default_build: tuple[Path, dict[str, Any]],
+    smollm2_hf: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """The default model's int8-wo checkpoint, clipped from the default build's calibration."""
+    cwd, result = default_build
+    calibration = next(s["output"] for s in result["stages"] if s["name"] == "calibrate")
+    out = tmp_path_factory.mktemp("smollm2-int8-wo")
+    summary = convert_checkpoint(smollm2_hf, out, WeightOnlyInt8(), calibration=cwd / calibration)
+    assert summary["weight_clipping"]["clipped"] > 0  # rows were clipped: the case at hand
+    return out
+
+
+def _static(ck: Path, reference: Path) -> list[dict[str, Any]]:
+    config, weights = read_checkpoint(ck)
+    findings, _ = check_static(ck, config, weights, reference)
+    return [f.as_dict() for f in findings]
+
+
+def _scale_gate(w: dict[str, torch.Tensor]) -> None:
+    w["transformer.layers.7.mlp.gate.weight"] = w["transformer.layers.7.mlp.gate.weight"] * 2
+
+
+def _move_row(w: dict[str, torch.Tensor]) -> None:
+    dense = w["transformer.layers.5.attention.dense.weight"].clone()
+    dense[[3, 10]] = dense[[10, 3]]
+    w["transformer.layers.5.attention.dense.weight"] = dense
+
+
+CLIPPED_FAULTS = {
+    "q_k_swapped": (_swap_q_k, f"k and q rows swapped inside {QKV}", "q row 0 (+191) holds k row 0"),
+    "fc_gate_swapped": (_swap_fc_gate, "MLP fc and gate swapped in transformer.layers.4", "holds the weights of"),
+    "scale_doubled": (_scale_gate, "a wrong weight scale in transformer.layers.7.mlp.gate.weight", "times 2"),
+    "row_moved": (_move_row, "rows permuted inside transformer.layers.5.attention.dense.weight", "row 3 holds"),
+}  # fmt: skip
+
+
+def test_a_clipped_int8_wo_checkpoint_passes_the_static_check(
+    clipped: Path, smollm2_hf: Path
+) -> None:
+    config = json.loads((clipped / "config.json").read_text())
+    assert config["producer"]["weight_clipping"]["linears"] == [
+        "qkv.weight", "dense.weight", "fc.weight", "gate.weight"
+    ]  # fmt: skip
+    assert _static(clipped, smollm2_hf) == []
+
+
+@pytest.mark.parametrize("fault", sorted(CLIPPED_FAULTS))
+def test_a_fault_in_a_clipped_int8_wo_checkpoint_is_named(
+    fault: str, clipped: Path, smollm2_hf: Path, tmp_path: Path
+) -> None:
+    inject, cause, evidence = CLIPPED_FAULTS[fault]
+    ck = tmp_path / "ck"
+    shutil.copytree(clipped, ck)
+    _edit_weights(ck, inject)
+    (finding,) = _static(ck, smollm2_hf)
+    assert finding["fatal"] and finding["cause"] == cause and evidence in finding["evidence"], (
+        finding
+    )

@@ -40,6 +40,18 @@ GRID = tuple(1.0 - i / 200 for i in range(41))
 ROWS_PER_BLOCK = 256  # bounds the temporaries of the search on large matrices
 
 
+def record() -> dict[str, object]:
+    """What a clipped checkpoint says of its weights (config.json `producer.weight_clipping`),
+    so that verify checks them by this rule, not against the model's weights as they are."""
+    return {
+        "linears": list(CLIPPED_LINEARS),
+        "ratios": list(GRID),
+        "rule": "each row of these decoder linears is the model's row clamped to +-(r * its "
+        "absmax), the bound rounded to the checkpoint dtype, r one of the ratios; row-parallel "
+        "linears per tensor-parallel column slice",
+    }
+
+
 @dataclass
 class ClipTally:
     """What the clipping did over a checkpoint: rows searched, rows clipped, sum of ratios."""

@@ -25,6 +25,7 @@ from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..spec.modes import QuantMode, WeightOnlyInt8
 from .clipping import CLIPPED_LINEARS, ClipTally, clip_weight
+from .clipping import record as clipping_record
 from .kvcache import balance, qkv_ranges, refuse_unsupported
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
@@ -133,6 +134,8 @@ def convert_checkpoint(
                 writers[rank].write(name, pieces)
     if extras:
         config["quantization"]["kv_cache_quant_algo"] = "INT8"
+    if tally.rows:  # modelopt's checkpoints carry a producer too; TensorRT-LLM keeps it as is
+        config["producer"] = {"name": "trt-builder", "weight_clipping": clipping_record()}
     summary = finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
     if tally.rows:
         summary["weight_clipping"] = tally.summary()

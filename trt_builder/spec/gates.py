@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import InputError
@@ -28,14 +28,28 @@ DEFAULT_GATES: dict[str, Gate] = {
     "float16": Gate(min_top1=0.99, max_kl=1e-3, max_ppl_delta_pct=0.1),
     "bfloat16": Gate(min_top1=0.95, max_kl=1e-2, max_ppl_delta_pct=1.0),
     "int8-wo": Gate(min_top1=0.95, max_kl=2e-2, max_ppl_delta_pct=2.0),
-    # SmoothQuant W8A8 (any granularity, with or without the INT8 KV cache)
+    # SmoothQuant W8A8 with per-token activation scales (with or without the INT8 KV cache)
     "int8": Gate(min_top1=0.85, max_kl=6e-2, max_ppl_delta_pct=3.0),
+    # ... with one static activation scale per tensor (--sq-granularity per-tensor): a coarser
+    # format; SmolLM2 with searched alphas: top-1 0.82, KL 0.12, perplexity +3.8%
+    "int8-static": Gate(min_top1=0.75, max_kl=0.2, max_ppl_delta_pct=6.0),
 }
 
 
+#: What the INT8 KV cache may add to a mode's held-out perplexity gate, in points: verify
+#: decodes an INT8-KV-cache checkpoint's held-out text through the cache, where its rounding
+#: shows (docs/verify.md), and the cache is to cost at most this over the same build without it.
+KV_INT8_PPL_POINTS = 0.5
+
+
 def gate_key(mode: str) -> str:
-    """The DEFAULT_GATES key of a mode name (int8-sq, int8-sq-static-kv8, ... share int8's)."""
-    return "int8" if mode.startswith("int8-sq") else mode
+    """The DEFAULT_GATES key of a mode name (int8-sq and int8-sq-kv8 share int8's, the static
+    int8-sq-static* int8-static's; int8-wo-noclip int8-wo's; float16-kv8 float16's)."""
+    if mode.startswith("int8-sq-static"):
+        return "int8-static"
+    if mode.startswith("int8-sq"):
+        return "int8"
+    return "int8-wo" if mode.startswith("int8-wo") else mode.removesuffix("-kv8")
 
 
 def gate_for(
@@ -48,6 +62,8 @@ def gate_for(
 ) -> Gate:
     """The default gate of a mode, with the spec's overrides (None keeps the default)."""
     default = DEFAULT_GATES[gate_key(mode)]
+    if mode.endswith("-kv8") and default.max_ppl_delta_pct is not None:
+        default = replace(default, max_ppl_delta_pct=default.max_ppl_delta_pct + KV_INT8_PPL_POINTS)
     return Gate(
         min_top1=default.min_top1 if min_top1 is None else min_top1,
         max_kl=default.max_kl if max_kl is None else max_kl,
@@ -59,18 +75,21 @@ def gate_for(
 
 
 def checkpoint_mode(checkpoint: Path) -> str:
-    """The mode name (a DEFAULT_GATES key) of a TensorRT-LLM checkpoint directory."""
+    """The mode name of a TensorRT-LLM checkpoint directory: a DEFAULT_GATES key, with "-kv8"
+    for the INT8 KV cache."""
     try:
         config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
         raise InputError(
             f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
         ) from None
-    algo = (config.get("quantization") or {}).get("quant_algo")
+    quant = config.get("quantization") or {}
+    algo = quant.get("quant_algo")
+    kv8 = "-kv8" if quant.get("kv_cache_quant_algo") == "INT8" else ""
     if algo == "W8A16":
-        return "int8-wo"
+        return "int8-wo" + kv8
     if str(algo).startswith("W8A8_SQ_"):
-        return "int8"
+        return ("int8" if "PER_TOKEN" in str(algo) else "int8-static") + kv8
     if algo is None and config.get("dtype") in DEFAULT_GATES:
-        return str(config["dtype"])
+        return str(config["dtype"]) + kv8
     raise InputError(f"no verify gate for a {config.get('dtype')} / {algo} checkpoint yet")

@@ -63,7 +63,8 @@ class WeightOnlyInt8:
 
     @property
     def name(self) -> str:
-        return "int8-wo" + ("-kv8" if self.kv_int8 else "")
+        # plain rounding is another build of the model: its own variant, not the clipped one's
+        return "int8-wo" + ("" if self.clip else "-noclip") + ("-kv8" if self.kv_int8 else "")
 
     @property
     def quant_algo(self) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.parallel import tp_kind
 from ..convert.plan import plan_conversion
 from ..core.dtypes import FLOATS, torch_dtype
 from ..core.errors import TrtBuilderError
@@ -96,16 +97,102 @@ def check_config(got: dict[str, Any], expected: dict[str, Any]) -> list[Finding]
     return findings
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal within one unit in the last place of the stored dtype."""
-    eps = torch.finfo(got.dtype).eps if got.is_floating_point() else 0.0
-    diff = (got.float() - want.float()).abs()
-    return bool((diff <= eps * want.float().abs() + 1e-30).all())
+class Exact:
+    """What a float checkpoint holds: the model's weights cast to the checkpoint dtype."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def expect(self, source: torch.Tensor) -> torch.Tensor:
+        return source.to(self.dtype)
+
+    def rows(self, got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+        """Per row: equal within one unit in the last place."""
+        eps = torch.finfo(got.dtype).eps if got.is_floating_point() else 0.0
+        diff = (got.float() - want.float()).abs()
+        ok = diff <= eps * want.float().abs() + 1e-30
+        return ok.reshape(ok.shape[0], -1).all(1) if ok.dim() else ok.reshape(1)
+
+    def same(self, got: torch.Tensor, want: torch.Tensor) -> bool:
+        """The whole tensor is what convert writes (bit for bit, the common case, in one pass
+        without temporaries; else row by row within the rule)."""
+        return (got.dtype == want.dtype and torch.equal(got, want)) or bool(
+            self.rows(got, want).all()
+        )
+
+    def inside(self, got: torch.Tensor) -> torch.Tensor:
+        """The entries that hold the model's values as they are: all of them."""
+        return torch.ones_like(got, dtype=torch.bool)
 
 
-def _scale(got: torch.Tensor, want: torch.Tensor) -> float | None:
-    """The constant c with got == c * want, if there is one (c != 1)."""
-    w, g = want.double(), got.double()
+@dataclass(frozen=True)
+class Clipping:
+    """The INT8 weight-only clipping a checkpoint says its weights went through
+    (`producer.weight_clipping` in config.json, convert/clipping.py): row j of each listed
+    linear is the model's row clamped to +-(r * its absmax), the bound rounded to the checkpoint
+    dtype, for one r of `ratios`; a row-parallel linear per tensor-parallel column slice."""
+
+    linears: tuple[str, ...]
+    ratios: tuple[float, ...]
+    tp: int = 1
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Clipping | None:
+        record = (config.get("producer") or {}).get("weight_clipping")
+        if not record:
+            return None
+        tp = int((config.get("mapping") or {}).get("tp_size", 1))
+        return cls(tuple(record["linears"]), tuple(float(r) for r in record["ratios"]), tp)
+
+    def matcher(self, name: str, dtype: torch.dtype) -> Exact | Clipped:
+        if not (name.startswith("transformer.layers.") and name.endswith(self.linears)):
+            return Exact(dtype)
+        return Clipped(dtype, self.ratios, self.tp if tp_kind(name) == "row" else 1)
+
+
+class Clipped(Exact):
+    """What a clipped linear holds: each row (of each column slice) the model's row clamped at
+    a bound that is a ratio of the grid times the row's absmax."""
+
+    def __init__(self, dtype: torch.dtype, ratios: tuple[float, ...], slices: int) -> None:
+        super().__init__(dtype)
+        self.ratios = torch.tensor(ratios, dtype=torch.float32)
+        self.slices = slices
+
+    def expect(self, source: torch.Tensor) -> torch.Tensor:
+        return source.float()  # the bound is taken on the unrounded row, as convert takes it
+
+    def rows(self, got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+        ok = torch.ones(got.shape[0], dtype=torch.bool, device=got.device)
+        ratios = self.ratios.to(got.device)
+        for g, w in zip(got.chunk(self.slices, 1), want.chunk(self.slices, 1), strict=True):
+            bound = g.float().abs().amax(1, keepdim=True)  # a clipped row's max is its bound
+            grid = (w.abs().amax(1, keepdim=True) * ratios).to(self.dtype).float()
+            on_grid = (grid == bound).any(1)
+            clamped = torch.minimum(torch.maximum(w, -bound), bound).to(self.dtype)
+            ok &= on_grid & (clamped == g).all(1)
+        return ok
+
+    def inside(self, got: torch.Tensor) -> torch.Tensor:
+        """The entries below their row's bound: the model's values, unclipped."""
+        parts = [g.abs() < g.abs().amax(1, keepdim=True) for g in got.float().chunk(self.slices, 1)]
+        return torch.cat(parts, 1)
+
+
+def _row_keys(rows: torch.Tensor, dtype: torch.dtype) -> list[bytes]:
+    """A key per row that clipping leaves as it is: the row's quartiles in `dtype` (clamping
+    is monotone, so it changes only the order statistics beyond the bound)."""
+    n = rows.shape[1]
+    at = [n // 2] if n < 8 else [n // 4, n // 2, (3 * n) // 4]
+    values = rows.to(dtype).sort(dim=1).values[:, at].contiguous()
+    return [bytes(row.view(torch.uint8).numpy().tobytes()) for row in values.cpu()]
+
+
+def _scale(got: torch.Tensor, want: torch.Tensor, match: Exact) -> float | None:
+    """The constant c with got == c * want on the entries the rule leaves as they are (c != 1),
+    if there is one."""
+    inside = match.inside(got)
+    w, g = want.double()[inside], got.double()[inside]
     norm = float((w * w).sum())
     if norm == 0.0:
         return None
@@ -132,22 +219,29 @@ def _where(row: int, sections: list[tuple[str, int]]) -> str:
 
 
 def _moved_rows(
-    name: str, got: torch.Tensor, parts: list[torch.Tensor], labels: tuple[str, ...]
+    name: str, got: torch.Tensor, parts: list[torch.Tensor], labels: tuple[str, ...], match: Exact
 ) -> Finding | None:
     """Rows of the tensor that are the model's rows, but in other places (q and k swapped,
     heads permuted, ...): each misplaced row is looked up among the expected rows."""
     want = parts[0] if len(parts) == 1 else torch.cat(parts)
     if got.dim() != 2 or got.shape != want.shape:
         return None
-    index = {bytes(row.numpy().tobytes()): i for i, row in enumerate(want.contiguous().cpu())}
-    wrong = [i for i in range(got.shape[0]) if not torch.equal(got[i], want[i])]
-    found = [index.get(bytes(got[i].contiguous().cpu().numpy().tobytes())) for i in wrong]
-    if not wrong or any(f is None for f in found):
+    wrong = (~match.rows(got, want)).nonzero().flatten().tolist()
+    index: dict[bytes, list[int]] = {}
+    for i, key in enumerate(_row_keys(want, got.dtype)):
+        index.setdefault(key, []).append(i)
+    found = []
+    for i, key in zip(wrong, _row_keys(got[wrong], got.dtype), strict=True):
+        candidates = index.get(key, [])[:16]
+        f = next((k for k in candidates if bool(match.rows(got[i : i + 1], want[k : k + 1]))), None)
+        if f is None:
+            return None
+        found.append(f)
+    if not wrong:
         return None
     sections = _sections(parts, labels)
     spans: list[list[int]] = []  # runs of [first got row, first source row, length]
     for i, f in zip(wrong, found, strict=True):
-        assert f is not None
         if spans and spans[-1][0] + spans[-1][2] == i and spans[-1][1] + spans[-1][2] == f:
             spans[-1][2] += 1
         else:
@@ -170,19 +264,27 @@ def _moved_rows(
 
 
 def check_weights(
-    weights: dict[str, torch.Tensor], rules: Iterable[Any], read: Any, dtype: torch.dtype
+    weights: dict[str, torch.Tensor],
+    rules: Iterable[Any],
+    read: Any,
+    dtype: torch.dtype,
+    clipping: Clipping | None = None,
 ) -> list[Finding]:
-    """Each checkpoint tensor against its HF source cast as convert casts it. `rules` are the
-    family's TensorRules; `read(name)` gives an HF tensor."""
+    """Each checkpoint tensor against its HF source as convert writes it: cast, or for the
+    linears a `clipping` record names, clamped by its rule. `rules` are the family's
+    TensorRules; `read(name)` gives an HF tensor. One rule's expected tensors are held at a
+    time (a swap partner's are read again), so this costs one tensor's memory, not a model's."""
     rules = list(rules)
-    expected: dict[str, list[torch.Tensor]] = {}
 
-    def parts(rule: Any) -> list[torch.Tensor]:
-        if rule.name not in expected:
-            expected[rule.name] = [
-                (read(s).t() if rule.transpose else read(s)).to(dtype) for s in rule.sources
-            ]
-        return expected[rule.name]
+    def matcher(rule: Any) -> Exact:
+        return clipping.matcher(rule.name, dtype) if clipping else Exact(dtype)
+
+    def parts(rule: Any, device: torch.device) -> list[torch.Tensor]:
+        """The rule's sources as convert writes them, on `device` (the checkpoint tensor's:
+        on a GPU the comparison runs there)."""
+        match = matcher(rule)
+        sources = [read(s).t() if rule.transpose else read(s) for s in rule.sources]
+        return [match.expect(s.to(device)) for s in sources]
 
     by_name = {rule.name: rule for rule in rules}
     findings: list[Finding] = []
@@ -203,58 +305,73 @@ def check_weights(
             continue
         if got.dtype == torch.int8 or rule.name in reported:
             continue  # pre-quantized weights are compared through the runtime only
-        want_parts = parts(rule)
-        want = want_parts[0] if len(want_parts) == 1 else torch.cat(want_parts)
-        if tuple(got.shape) != tuple(want.shape):
-            findings.append(
-                Finding(
-                    f"{rule.name} has the wrong shape",
-                    f"{list(got.shape)}, the model implies {list(want.shape)}",
-                )
-            )
-            continue
-        if _close(got, want):
-            continue
-        labels = ("q", "k", "v") if len(want_parts) == 3 else tuple(rule.sources)
-        finding = _moved_rows(rule.name, got, want_parts, labels)
-        if finding:
-            findings.append(finding)
-            continue
-        sibling = _swap_partner(rule.name)
-        if sibling in by_name and sibling in weights:
-            other = parts(by_name[sibling])
-            other_want = other[0] if len(other) == 1 else torch.cat(other)
-            if (
-                got.shape == other_want.shape
-                and _close(got, other_want)
-                and _close(weights[sibling], want)
-            ):
-                layer = rule.name.rsplit(".mlp.", 1)[0]
-                findings.append(
-                    Finding(
-                        f"MLP fc and gate swapped in {layer}",
-                        f"{rule.name} holds the weights of {sibling} and the other way round",
-                    )
-                )
-                reported.add(sibling)
-                continue
-        scale = _scale(got, want)
-        if scale is not None:
-            findings.append(
-                Finding(
-                    f"a wrong weight scale in {rule.name}",
-                    f"it is the model's weight times {scale:.4g}, exactly",
-                )
-            )
-            continue
-        diff = (got.float() - want.float()).abs()
-        findings.append(
-            Finding(
-                f"{rule.name} differs from the model's weights",
-                f"max abs error {float(diff.max()):.3g}; {int((diff > 0).sum())} of {diff.numel()} values differ",
-            )
+        finding = _check_one(
+            rule, got, parts(rule, got.device), matcher(rule), weights, by_name, parts
         )
+        if finding is not None:
+            findings.append(finding)
+            if finding.cause.startswith("MLP fc and gate swapped"):
+                reported.add(_swap_partner(rule.name))
     return findings
+
+
+def _check_one(
+    rule: Any,
+    got: torch.Tensor,
+    want_parts: list[torch.Tensor],
+    match: Exact,
+    weights: dict[str, torch.Tensor],
+    by_name: dict[str, Any],
+    parts: Any,
+) -> Finding | None:
+    """The finding for one tensor, if it is not what convert writes: the most specific cause
+    first (moved rows, fc and gate swapped, a constant scale), else the size of the error."""
+    want = want_parts[0] if len(want_parts) == 1 else torch.cat(want_parts)
+    if tuple(got.shape) != tuple(want.shape):
+        return Finding(
+            f"{rule.name} has the wrong shape",
+            f"{list(got.shape)}, the model implies {list(want.shape)}",
+        )
+    if match.same(got, want):
+        return None
+    ok = match.rows(got, want)
+    labels = ("q", "k", "v") if len(want_parts) == 3 else tuple(rule.sources)
+    finding = _moved_rows(rule.name, got, want_parts, labels, match)
+    if finding:
+        return finding
+    sibling = _swap_partner(rule.name)
+    if sibling in by_name and sibling in weights:
+        other = parts(by_name[sibling], got.device)
+        other_want = other[0] if len(other) == 1 else torch.cat(other)
+        if (
+            got.shape == other_want.shape
+            and match.same(got, other_want)
+            and match.same(weights[sibling], want)
+        ):
+            layer = rule.name.rsplit(".mlp.", 1)[0]
+            return Finding(
+                f"MLP fc and gate swapped in {layer}",
+                f"{rule.name} holds the weights of {sibling} and the other way round",
+            )
+    scale = _scale(got, want, match)
+    if scale is not None:
+        return Finding(
+            f"a wrong weight scale in {rule.name}",
+            f"it is the model's weight times {scale:.4g}, exactly",
+        )
+    diff = (got.float() - want.float()).abs()
+    if isinstance(match, Clipped):
+        rows = int((~ok).sum())
+        return Finding(
+            f"{rule.name} differs from the model's weights",
+            f"{rows} of {ok.numel()} rows are not the model's rows clipped by the checkpoint's "
+            f"rule (clamped to {min(match.ratios.tolist()):g}-1 of their absmax); max abs "
+            f"error {float(diff[~ok].max()):.3g}",
+        )
+    return Finding(
+        f"{rule.name} differs from the model's weights",
+        f"max abs error {float(diff.max()):.3g}; {int((diff > 0).sum())} of {diff.numel()} values differ",
+    )
 
 
 def _swap_partner(name: str) -> str:
@@ -290,9 +407,15 @@ def check_static(checkpoint: Path, config: dict[str, Any], weights: dict[str, to
         rules = [r for r in rules if not r.name.endswith(BALANCED)]
         notes.append("qkv and dense of an INT8-KV-cache checkpoint are rescaled by its K/V "
                      "balancing: they are compared through the runtime only")  # fmt: skip
+    clipping = Clipping.of(config)
+    if clipping is not None:
+        notes.append(f"clipped rows of {', '.join(clipping.linears)} checked against the clipping "
+                     "rule the checkpoint records (producer.weight_clipping)")  # fmt: skip
     with index:
         findings = check_config(config, expected_config)
-        findings += check_weights(weights, rules, index.read, weights_dtype(weights, dtype))
+        findings += check_weights(
+            weights, rules, index.read, weights_dtype(weights, dtype), clipping
+        )
     return findings, notes
 
 
