@@ -311,6 +311,16 @@ class CheckpointRuntime:
         return logits[0] if single else logits
 
     @torch.inference_mode()
+    def forward_decoded(self, ids: torch.Tensor, prefix: int) -> torch.Tensor:
+        """Logits for a batch of `ids` [batch, tokens] as generation computes them: the first
+        `prefix` tokens in one prefill, every later one fed alone through the KV cache (where
+        the INT8 KV cache's rounding shows: a prefill attends to its own K/V unquantized)."""
+        cache = KVCache()
+        steps = [self.forward(ids[:, :prefix], cache)]
+        steps += [self.forward(ids[:, t : t + 1], cache) for t in range(prefix, ids.shape[1])]
+        return torch.cat(steps, dim=1)
+
+    @torch.inference_mode()
     def greedy(self, ids: list[int], max_new_tokens: int, end_ids: set[int]) -> list[int]:
         """Greedy continuation of one prompt with a KV cache; stops after an end id."""
         return self.greedy_batch([ids], max_new_tokens, end_ids)[0]
