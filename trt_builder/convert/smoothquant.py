@@ -23,6 +23,7 @@ TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,13 +327,31 @@ class _Job:
 
         for rule in self.others[:1]:
             put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
-        for i in sorted(self.layers):
-            for name, tensor in self.layer(i, self.real).items():
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise ConversionError(
-                        f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
-                    )
-                put(name, [tensor.cpu()])
+        order = sorted(self.layers)
+        # the next layer's float tensors are read (and moved to the GPU) on a thread while
+        # this one is smoothed, quantized and written: reading and writing overlap
+        with ThreadPoolExecutor(1, thread_name_prefix="convert-read") as pool:
+            ahead = pool.submit(self.read_layer, order[0]) if order else None
+            for n, i in enumerate(order):
+                assert ahead is not None
+                floats = ahead.result()
+                if n + 1 < len(order):
+                    ahead = pool.submit(self.read_layer, order[n + 1])
+                self.write_layer(i, floats, put)
+                del floats
         for rule in self.others[1:]:
             put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
         return sum(len(p) for p in plans)
+
+    def read_layer(self, i: int) -> dict[str, torch.Tensor]:
+        """Layer i's float tensors (`real`), by rule name."""
+        return {rule.name: self.real(rule) for rule in self.layers[i]}
+
+    def write_layer(self, i: int, floats: dict[str, torch.Tensor], put: Any) -> None:
+        """Smooth, quantize and write layer i from its float tensors."""
+        for name, tensor in self.layer(i, lambda rule: floats[rule.name]).items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ConversionError(
+                    f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
+                )
+            put(name, [tensor.cpu()])
