@@ -403,12 +403,15 @@ def test_in_a_plain_repository_a_short_request_finishes_while_a_long_one_runs(
         client.infer("tensorrt_llm", _ids_request(http, [5, 17, 42], tokens))
         done[name] = time.monotonic()
 
-    long = threading.Thread(target=ask, args=("long", 1000))
+    # 1000 tokens of this tiny model took under 0.5 s on an idle 2-core host, so the long one
+    # had ended before the short one was sent; 3000 take seconds (each step reads the whole cache)
+    long = threading.Thread(target=ask, args=("long", 3000))
     long.start()
-    time.sleep(0.5)  # the long request is running
+    time.sleep(0.2)  # the long request is running
     ask("short", 3)
     assert long.is_alive() and "long" not in done
     long.join()
+    assert done["short"] < done["long"]
     client = http.InferenceServerClient(url)
     with pytest.raises(Exception, match="Streaming is only supported if model is deployed using"):
         client.infer("tensorrt_llm", _ids_request(http, [5, 17], 3, streaming=True))
