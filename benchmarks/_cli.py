@@ -62,3 +62,70 @@ def synthetic_llama(out: Path, tokenizer: Path, shape: dict[str, Any], device: s
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, max_shard_size="2GB")
     tok.save_pretrained(out)
+
+
+#: Llama-2-7B's shape, for the GPU build benchmarks.
+LLAMA2_7B = {
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": False, "architectures": ["LlamaForCausalLM"],
+}  # fmt: skip
+GIB = 1 << 30
+
+
+def gpu_build(work: Path, tokenizer: Path, layers: int, argv: list[str]) -> dict[str, Any]:
+    """`trt-builder build --model <synthetic 7B shape> ARGV --device cuda` as a user runs it, a
+    first build in a child process (the model written once under `work`): the wall time, the
+    import cost of a fresh process, each stage's status, seconds and peak GPU memory, and the
+    verify report's time by part."""
+    import json
+    import os
+
+    model_dir = work / "model"
+    if not (model_dir / "config.json").is_file():
+        start = time.perf_counter()
+        synthetic_llama(model_dir, tokenizer, {**LLAMA2_7B, "num_hidden_layers": layers}, "cuda")
+        print(f"wrote the synthetic model in {time.perf_counter() - start:.1f} s", flush=True)
+    out = work / "engines"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(work / "triton", ignore_errors=True)
+    exe = shutil.which("trt-builder")
+    cli = [exe] if exe else [sys.executable, "-m", "trt_builder.cli.main"]  # not installed
+    command = [*cli, "build", "--model", str(model_dir), *argv, "--device", "cuda",
+               "--out", str(out), "--triton-root", str(work / "triton"), "--json",
+               # random weights give near-flat logits: top-1 agreement means nothing there
+               "--min-top1", "0", "--max-kl", "1000", "--max-ppl-delta", "1000"]  # fmt: skip
+    # what a fresh process pays to import torch and transformers' Llama (the build's first
+    # stage that needs them pays it too)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, transformers.models.llama.modeling_llama"],
+                   check=True, env=os.environ)  # fmt: skip
+    import_s = time.perf_counter() - start
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=os.environ)
+    build_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        print(proc.stdout[-6000:], proc.stderr[-4000:])
+        sys.exit(f"the build failed (exit {proc.returncode})")
+    result = json.loads(proc.stdout)
+    stages = {s["name"]: s for s in result["stages"]}
+    steps = {
+        name: {
+            "status": s["status"],
+            "seconds": round(s["seconds"], 2),
+            "peak_gpu_gib": round(s["details"]["peak_gpu_bytes"] / GIB, 2)
+            if s["details"].get("peak_gpu_bytes")
+            else None,
+        }
+        for name, s in stages.items()
+    }
+    report = json.loads((Path(result["variant_dir"]) / "reports" / "verify.json").read_text())
+    return {
+        "build_wall_s": round(build_s, 2),
+        "import_torch_transformers_s": round(import_s, 2),
+        "steps": steps,
+        "verify_by_part": report.get("seconds_by_part"),
+        "stages": stages,
+        "model_dir": model_dir,
+    }
