@@ -74,6 +74,24 @@ LLAMA2_7B = {
 GIB = 1 << 30
 
 
+def gpu_build_args(doc: str | None) -> Any:
+    """The GPU build benchmarks' arguments (--tokenizer, --layers, --work, --report); exits
+    where there is no CUDA GPU."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/int8-build-gpu"))
+    parser.add_argument("--report", type=Path, help="Also write the figures here (JSON).")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    return args
+
+
 def gpu_build(work: Path, tokenizer: Path, layers: int, argv: list[str]) -> dict[str, Any]:
     """`trt-builder build --model <synthetic 7B shape> ARGV --device cuda` as a user runs it, a
     first build in a child process (the model written once under `work`): the wall time, the

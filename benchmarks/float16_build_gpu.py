@@ -12,26 +12,17 @@ float16 --device cuda`. Exits 1 when the whole build takes more than 60 s or ver
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
-from _cli import gpu_build
+from _cli import gpu_build, gpu_build_args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/int8-build-gpu"))
-    parser.add_argument("--report", type=Path, help="Also write the figures here (JSON).")
-    args = parser.parse_args()
+    args = gpu_build_args(__doc__)
 
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU")
     built = gpu_build(args.work, args.tokenizer, args.layers, ["--dtype", "float16"])
     report = {
         "gpu": torch.cuda.get_device_name(),

@@ -18,28 +18,20 @@ more than 75 s.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from _cli import GIB, gpu_build
+from _cli import GIB, gpu_build, gpu_build_args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/int8-build-gpu"))
-    parser.add_argument("--report", type=Path, help="Also write the figures here (JSON).")
-    args = parser.parse_args()
+    args = gpu_build_args(__doc__)
 
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU")
     work: Path = args.work
     built = gpu_build(
         work, args.tokenizer, args.layers, ["--dtype", "int8", "--calib-device", "cuda"]
