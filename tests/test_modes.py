@@ -1,0 +1,153 @@
+"""Every mode `trt-builder build` offers, built on the embedded default model as a user runs it
+(`trt-builder build ... --json`, one process each, its own exit code) through verify and
+package. The builds share the default build's directory, so one fetch, one calibration and one
+recipe search serve them all. A `--dtype`, `--kv-cache` or `--sq-granularity` choice added to
+the CLI without a row here fails `test_the_matrix_covers_every_mode_the_cli_offers`."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from trt_builder.cli.main import cli
+from trt_builder.spec.gates import checkpoint_mode, gate_for
+
+pytestmark = pytest.mark.integration
+
+#: variant directory -> build's arguments. SmolLM2-135M has 9 attention heads and 3 KV heads,
+#: so the tensor-parallel row is tp 3 (tp 2 divides neither and is refused, exit 2).
+MATRIX: dict[str, tuple[str, ...]] = {
+    "float16-tp1-pp1": ("--dtype", "float16"),
+    "bfloat16-tp1-pp1": ("--dtype", "bfloat16"),
+    "float32-tp1-pp1": ("--dtype", "float32"),
+    "auto-tp1-pp1": ("--dtype", "auto"),
+    "int8-wo-tp1-pp1": ("--dtype", "int8-wo"),
+    "int8-wo-noclip-tp1-pp1": ("--dtype", "int8-wo", "--no-wo-clip"),
+    "int8-sq-tp1-pp1": ("--dtype", "int8"),
+    "int8-sq-static-tp1-pp1": ("--dtype", "int8", "--sq-granularity", "per-tensor"),
+    "int8-sq-kv8-tp1-pp1": ("--dtype", "int8", "--kv-cache", "int8"),
+    "float16-kv8-tp1-pp1": ("--dtype", "float16", "--kv-cache", "int8"),
+    "int8-wo-kv8-tp1-pp1": ("--dtype", "int8-wo", "--kv-cache", "int8"),
+    "int8-sq-tp3-pp1": ("--dtype", "int8", "--tp", "3"),
+}
+#: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
+KV_CACHE_POINTS = 0.5
+
+
+def _choices(name: str) -> set[str]:
+    option = next(p for p in cli.commands["build"].params if p.name == name)
+    assert isinstance(option.type, click.Choice)
+    return set(option.type.choices)
+
+
+def test_the_matrix_covers_every_mode_the_cli_offers() -> None:
+    offered = {
+        "dtype": _choices("dtype"),
+        "kv_cache": _choices("kv_cache"),
+        "sq_granularity": _choices("sq_granularity"),
+    }
+    built: dict[str, set[str]] = {key: set() for key in offered}
+    for argv in MATRIX.values():
+        flags = dict(zip(argv[::2], argv[1::2], strict=False))
+        built["dtype"].add(flags["--dtype"])
+        built["kv_cache"].add(flags.get("--kv-cache", "model"))
+        if flags["--dtype"] == "int8":
+            built["sq_granularity"].add(flags.get("--sq-granularity", "per-token"))
+    assert built == offered
+    assert any("--no-wo-clip" in argv for argv in MATRIX.values())
+    assert any("--tp" in argv for argv in MATRIX.values())
+
+
+def _build(cwd: Path, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
+    return subprocess.run([exe, "build", *argv, "--json"], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def matrix(default_build: tuple[Path, dict[str, Any]]) -> Any:
+    """Builds a row once, when a test first asks for it, in the default build's directory:
+    variant -> (the process, its --json result)."""
+    cwd, _ = default_build
+    built: dict[str, tuple[subprocess.CompletedProcess[str], Any]] = {}
+
+    def row(variant: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+        if variant not in built:
+            proc = _build(cwd, MATRIX[variant])
+            result = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+            built[variant] = (proc, result)
+        return built[variant]
+
+    return row
+
+
+@pytest.mark.parametrize("variant", sorted(MATRIX))
+def test_every_mode_builds_through_verify_and_package(
+    variant: str, matrix: Any, default_build: tuple[Path, dict[str, Any]]
+) -> None:
+    cwd, _ = default_build
+    proc, result = matrix(variant)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert result["ok"] and result["variant"] == variant
+    stages = {s["name"]: s for s in result["stages"]}
+    assert stages["verify"]["status"] in ("ran", "cached") and stages["verify"]["details"]["passed"]
+    assert stages["package"]["status"] in ("ran", "cached")
+    assert stages["engine"]["details"]["reason"] == "skipped: TensorRT-LLM not installed"
+    checkpoint = cwd / result["variant_dir"] / "checkpoint"
+    report = json.loads((cwd / result["variant_dir"] / "reports" / "verify.json").read_text())
+    # the documented gate of the mode the checkpoint holds, met figure by figure
+    gate = gate_for(checkpoint_mode(checkpoint))
+    assert report["passed"] and report["failures"] == [] and report["diagnosis"] == []
+    assert report["top1"] >= gate.min_top1 and report["kl_mean"] <= gate.max_kl
+    assert gate.max_ppl_delta_pct is not None
+    assert report["perplexity"]["delta_pct"] <= gate.max_ppl_delta_pct
+    repo = cwd / result["triton_repository"]
+    assert sorted(p.parent.name for p in repo.glob("*/config.pbtxt")) == [
+        "ensemble", "postprocessing", "preprocessing", "tensorrt_llm",
+    ]  # fmt: skip
+    config = json.loads((checkpoint / "config.json").read_text())
+    tp = int(dict(zip(MATRIX[variant][::2], MATRIX[variant][1::2], strict=False)).get("--tp", 1))
+    assert config["mapping"]["tp_size"] == tp
+    assert len(list(checkpoint.glob("rank*.safetensors"))) == tp
+    kv = config["quantization"]["kv_cache_quant_algo"]
+    assert (kv == "INT8") == ("kv8" in variant)
+    assert (report["perplexity"].get("decoded_from") is not None) == ("kv8" in variant)
+
+
+@pytest.mark.parametrize(
+    "with_cache, without", [("int8-sq-kv8-tp1-pp1", "int8-sq-tp1-pp1"),
+                            ("int8-wo-kv8-tp1-pp1", "int8-wo-tp1-pp1"),
+                            ("float16-kv8-tp1-pp1", "float16-tp1-pp1")]
+)  # fmt: skip
+def test_the_int8_kv_cache_costs_at_most_half_a_point_of_perplexity(
+    with_cache: str, without: str, matrix: Any, default_build: tuple[Path, Any]
+) -> None:
+    """The cache's cost, decoded on verify's held-out windows: the build with the INT8 KV cache
+    (its verify report) against the same build without it, decoded the same way."""
+    from trt_builder.calibrate.corpus import corpus_windows
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.source.hf import load_hf_model, load_tokenizer
+    from trt_builder.verify.compare import perplexity
+
+    cwd, _ = default_build
+    (proc, cached), (plain_proc, plain_build) = matrix(with_cache), matrix(without)
+    assert proc.returncode == 0 and plain_proc.returncode == 0, proc.stderr + plain_proc.stderr
+    report = json.loads((cwd / cached["variant_dir"] / "reports" / "verify.json").read_text())
+    ppl = report["perplexity"]
+    hf = cwd / report["reference"]
+    windows = corpus_windows(load_tokenizer(hf, "the model"), ppl["tokens"])
+    reference = load_hf_model(hf).eval()
+    candidate = CheckpointRuntime.load(cwd / plain_build["variant_dir"] / "checkpoint")
+    plain = perplexity(
+        reference, candidate, windows, device="cpu", decoded_from=ppl["decoded_from"]
+    )
+    assert plain["tokens"] == ppl["tokens"] and math.isclose(plain["reference"], ppl["reference"])
+    cost = ppl["delta_pct"] - plain["delta_pct"]
+    assert cost <= KV_CACHE_POINTS, (with_cache, ppl["delta_pct"], plain["delta_pct"])
