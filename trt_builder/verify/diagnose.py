@@ -227,6 +227,8 @@ def _moved_rows(
     if got.dim() != 2 or got.shape != want.shape:
         return None
     wrong = (~match.rows(got, want)).nonzero().flatten().tolist()
+    if not wrong:
+        return None
     index: dict[bytes, list[int]] = {}
     for i, key in enumerate(_row_keys(want, got.dtype)):
         index.setdefault(key, []).append(i)
@@ -237,8 +239,6 @@ def _moved_rows(
         if f is None:
             return None
         found.append(f)
-    if not wrong:
-        return None
     sections = _sections(parts, labels)
     spans: list[list[int]] = []  # runs of [first got row, first source row, length]
     for i, f in zip(wrong, found, strict=True):
