@@ -207,3 +207,17 @@ def test_a_fault_in_a_clipped_int8_wo_checkpoint_is_named(
     assert finding["fatal"] and finding["cause"] == cause and evidence in finding["evidence"], (
         finding
     )
+
+
+def test_the_reference_loads_in_its_stored_dtype_only_where_every_tensor_shares_one(
+    tmp_path: Path,
+) -> None:
+    """On a GPU the reference is loaded in the dtype its weights are stored in and made float32
+    there, which is exact only where no tensor is stored wider: a float32 norm among bfloat16
+    weights keeps the float32 load."""
+    from trt_builder.verify.compare import stored_dtype
+
+    save_file({"w": torch.ones(2, dtype=torch.bfloat16)}, str(tmp_path / "a.safetensors"))
+    assert stored_dtype(tmp_path) == torch.bfloat16
+    save_file({"norm": torch.ones(2)}, str(tmp_path / "b.safetensors"))
+    assert stored_dtype(tmp_path) is None

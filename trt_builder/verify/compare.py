@@ -297,9 +297,12 @@ def _models(reference_dir: Path, tokenizer_dir: Path | None, device: str) -> tup
         if tokenizer_dir is not None and tokenizer_dir.resolve() != reference_dir.resolve()
         else None
     )
-    # on a GPU, loaded there in its own dtype and made float32 there (exact): a float32 copy
-    # on the host first, then moved, cost 7 s of a 7B model's verify
-    placed = {"device_map": device, "dtype": "auto"} if device.startswith("cuda") else {}
+    # on a GPU, loaded there, in the dtype its weights are stored in where they share one
+    # 16-bit dtype, and made float32 there (exact): a float32 copy on the host first, then
+    # moved, cost 7 s of a 7B model's verify
+    placed: dict[str, Any] = {}
+    if device.startswith("cuda"):
+        placed = {"device_map": device, "dtype": stored_dtype(reference_dir) or torch.float32}
     try:
         reference = load_hf_model(reference_dir, **placed)
     except (OSError, ValueError, KeyError) as exc:
@@ -309,6 +312,19 @@ def _models(reference_dir: Path, tokenizer_dir: Path | None, device: str) -> tup
         ) from None
     reference = reference.to(device).float().eval()  # type: ignore[arg-type]  # transformers' stubs
     return tokenizer, candidate_tokenizer, reference
+
+
+def stored_dtype(hf_dir: Path) -> torch.dtype | None:
+    """The 16-bit float dtype every tensor of the model's safetensors files is stored in, or
+    None (float32 or mixed dtypes, whose reference must load as float32 from the start)."""
+    from safetensors import safe_open
+
+    found = set()
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as fh:
+            found |= {fh.get_slice(name).get_dtype() for name in fh.keys()}  # noqa: SIM118
+    one = {"BF16": torch.bfloat16, "F16": torch.float16}
+    return one[found.pop()] if len(found) == 1 and found <= set(one) else None
 
 
 def _runtime_findings(metrics: dict[str, Any], stop: set[int], failed: bool) -> list[Finding]:
