@@ -151,3 +151,21 @@ def test_the_int8_kv_cache_costs_at_most_half_a_point_of_perplexity(
     assert plain["tokens"] == ppl["tokens"] and math.isclose(plain["reference"], ppl["reference"])
     cost = ppl["delta_pct"] - plain["delta_pct"]
     assert cost <= KV_CACHE_POINTS, (with_cache, ppl["delta_pct"], plain["delta_pct"])
+
+
+def test_a_split_the_default_model_cannot_take_is_refused_before_any_work(
+    default_build: tuple[Path, dict[str, Any]],
+) -> None:
+    """Bad input still gets one line and its exit code, and no checkpoint, whole or partial, is
+    written (the variant keeps the manifest of the fetch that ran before the refusal)."""
+    cwd, result = default_build
+    proc = _build(cwd, ("--dtype", "int8", "--tp", "2"))
+    why = (
+        "--tp 2 does not divide this model (9 attention heads, 3 KV heads, intermediate size "
+        "1536): use one of 1, 3"
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {why}"]
+    assert json.loads(proc.stdout) == {"ok": False, "error": why, "exit_code": 2}
+    variant = cwd / "engines" / "SmolLM2-135M-Instruct" / result["revision"] / "int8-sq-tp2-pp1"
+    assert not (variant / "checkpoint").exists() and not list(variant.glob(".checkpoint.tmp-*"))
+    assert not list((cwd / "triton_repo").glob("*tp2*"))
