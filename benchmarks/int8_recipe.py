@@ -37,7 +37,7 @@ def main() -> None:
     from trt_builder.convert.smoothquant import convert_smoothquant
     from trt_builder.recipe.candidates import SearchSet
     from trt_builder.recipe.search import search
-    from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.spec.build import CalibrationOptions
     from trt_builder.spec.modes import SmoothQuant, WeightOnlyInt8
 
@@ -61,16 +61,9 @@ def main() -> None:
 
     def decoded(runtime: Any) -> torch.Tensor:
         """Logits with every token after the first `prefix` fed one at a time through the KV
-        cache (as generation reads it)."""
-        rows = []
-        for i in range(0, len(ids), 8):
-            batch, cache = ids[i : i + 8], KVCache()
-            steps = [runtime.forward(batch[:, :prefix], cache)]
-            steps += [
-                runtime.forward(batch[:, t : t + 1], cache) for t in range(prefix, batch.shape[1])
-            ]
-            rows.append(torch.cat(steps, dim=1))
-        return torch.cat(rows)
+        cache (as generation reads it, and as verify decodes an INT8-KV-cache checkpoint)."""
+        batches = [ids[i : i + 8] for i in range(0, len(ids), 8)]
+        return torch.cat([runtime.forward_decoded(batch, prefix) for batch in batches])
 
     calibration = work / "calibration"
     calibration.mkdir()
