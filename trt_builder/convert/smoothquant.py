@@ -338,7 +338,6 @@ class _Job:
                 if n + 1 < len(order):
                     ahead = pool.submit(self.read_layer, order[n + 1])
                 self.write_layer(i, floats, put)
-                del floats
         for rule in self.others[1:]:
             put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
         return sum(len(p) for p in plans)

@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.doctor import inspect as inspect_engine
-from ..triton.server import Binary, find_tritonserver
-
-#: Where the NGC container keeps NVIDIA's TensorRT-LLM backend.
-NGC_TENSORRTLLM_BACKEND = Path("/opt/tritonserver/backends/tensorrtllm")
+from ..triton.server import NGC, Binary, find_tritonserver
 
 
 def building(engine: str) -> str:
@@ -26,7 +23,7 @@ def serving(engine: str, binary: Binary | None) -> str:
     """How a build of a mode whose engine answer is `engine` would be served by `binary`."""
     if binary is None:
         return "no: no tritonserver (pip install 'trt-builder[serve]', or the NGC container)"
-    backends = binary.backends or NGC_TENSORRTLLM_BACKEND.parent
+    backends = binary.backends or NGC.parent.parent / "backends"  # the server's default
     if engine == "yes" and (backends / "tensorrtllm").is_dir():
         return "yes: the engine, on NVIDIA's TensorRT-LLM backend"
     return "yes: the checkpoint, on the reference backend (a PyTorch reference, not TensorRT-LLM)"

@@ -15,9 +15,11 @@ import torch
 
 from ..calibrate.corpus import corpus_windows
 from ..checkpoint.reader import read_checkpoint
+from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..core.errors import InputError
 from ..runtimes.checkpoint import CheckpointRuntime
 from ..runtimes.scoring import kl, nll
+from ..source.files import weight_files
 from ..source.hf import end_ids, load_hf_model, load_tokenizer, pick_device
 from ..spec.gates import Gate
 from . import diagnose
@@ -315,14 +317,10 @@ def _models(reference_dir: Path, tokenizer_dir: Path | None, device: str) -> tup
 
 
 def stored_dtype(hf_dir: Path) -> torch.dtype | None:
-    """The 16-bit float dtype every tensor of the model's safetensors files is stored in, or
-    None (float32 or mixed dtypes, whose reference must load as float32 from the start)."""
-    from safetensors import safe_open
-
-    found = set()
-    for path in sorted(hf_dir.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as fh:
-            found |= {fh.get_slice(name).get_dtype() for name in fh.keys()}  # noqa: SIM118
+    """The 16-bit float dtype every tensor of the model's weight files is stored in, or None
+    (float32 or mixed dtypes, whose reference must load as float32 from the start)."""
+    with SafetensorsIndex(weight_files(hf_dir)) as index:  # the headers alone
+        found = {entry.dtype for entry in index.entries.values()}
     one = {"BF16": torch.bfloat16, "F16": torch.float16}
     return one[found.pop()] if len(found) == 1 and found <= set(one) else None
 
