@@ -7,7 +7,7 @@ one request at a time.
 
     python benchmarks/bench_sweep.py [--model DIR | --synthetic TOKENIZER_DIR]
         [--layers 30] [--concurrency 1,2,4,8] [--requests 12] [--repeats 2] [--output-tokens 32]
-        [--work DIR] [--out DIR]
+        [--only NAME,...] [--work DIR] [--out DIR]
 
 --model: a local model directory; default, the embedded default model (SmolLM2-135M-Instruct).
 --synthetic: SmolLM2-135M's shape with random weights (seed 0) and the tokenizer given (a
@@ -16,7 +16,9 @@ are noise, so verify's gates are opened, and every answer is --output-tokens lon
 --ignore-eos; also with --ignore-eos for any model). Needs tritonserver (`trt-builder[serve]`
 or the NGC container's) and aiperf (`scripts/setup.sh --bench` or TRT_BUILDER_AIPERF). Prints
 each build's points and the comparisons; writes each bench's JSON and HTML page, and the
-comparisons', into --out. The work directory (models, engines, repositories) is removed
+comparisons', into --out. --only builds and benches some of the three (float16, int8,
+float16-batch1); a comparison whose other side is not run is made from that build's JSON already
+in --out (an earlier run's, on the same kind of host), and says so. The work directory (models, engines, repositories) is removed
 afterwards unless given.
 """
 
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--only", default=",".join(name for name, _ in BUILDS))
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=Path("bench-sweep"))
     args = parser.parse_args()
@@ -100,7 +103,10 @@ def main() -> None:
     print(env_note, flush=True)
 
     repositories: dict[str, str] = {}
-    for name, flags in BUILDS:
+    only = set(args.only.split(","))
+    if not only <= {name for name, _ in BUILDS}:
+        parser.error(f"--only takes {', '.join(name for name, _ in BUILDS)}")
+    for name, flags in [(n, f) for n, f in BUILDS if n in only]:
         seconds, stdout = timed([*exe, "build", *model, *flags, *build_flags, "--out",
                                  str(work / "engines"), "--triton-root",
                                  str(work / f"triton-{name}"), "--json"], work)  # fmt: skip
@@ -127,10 +133,15 @@ def main() -> None:
                   f"{f['ttft_ms.p50']:10.0f}{f['itl_ms.p50']:9.1f}{f['errors']:8.0f}")  # fmt: skip
     for label, a, b in COMPARISONS:
         target = out / f"{label}.json"
+        if not ((out / f"{a}.json").is_file() and (out / f"{b}.json").is_file()):
+            print(f"\n{label}: not compared ({a} or {b} was neither run nor in {out})")
+            continue
+        earlier = [n for n in (a, b) if n not in only]
         timed([*exe, "bench", "--compare", str(out / f"{a}.json"), str(out / f"{b}.json"),
                "--out", str(target)], work)  # fmt: skip
         rows = json.loads(target.read_text())["comparison"]
-        print(f"\n{label} (B = {b} against A = {a}):")
+        note = f"; {', '.join(earlier)} from an earlier run's JSON" if earlier else ""
+        print(f"\n{label} (B = {b} against A = {a}{note}):")
         for r in rows:
             if r["metric"] in ("output_token_throughput", "ttft_ms.p50", "itl_ms.p50"):
                 ratio = "–" if r["ratio"] is None else f"{r['ratio']:.2f}x"
