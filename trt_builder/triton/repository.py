@@ -25,7 +25,9 @@ Tensor = tuple[str, str, tuple[int, ...], bool]
 PREPROCESSING_IN: tuple[Tensor, ...] = (
     ("QUERY", "TYPE_STRING", (1,), True),  # plain text, or
     ("MESSAGES", "TYPE_STRING", (1,), True),  # a JSON chat, rendered with the chat template
-    ("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), False),
+    # optional so that a request without max_tokens reaches preprocessing, which refuses it in
+    # words (a required input left out makes Triton's ensemble end with no response at all)
+    ("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,), True),
     ("END_ID", "TYPE_INT32", (1,), True),
     ("PAD_ID", "TYPE_INT32", (1,), True),
     ("STOP_WORDS_DICT", "TYPE_STRING", (-1,), True),
@@ -52,7 +54,7 @@ POSTPROCESSING_OUT: tuple[Tensor, ...] = (("OUTPUT", "TYPE_STRING", (-1,), False
 ENSEMBLE_IN: tuple[Tensor, ...] = (
     ("text_input", "TYPE_STRING", (1,), True),  # one of text_input and messages
     ("messages", "TYPE_STRING", (1,), True),
-    ("max_tokens", "TYPE_INT32", (1,), False),
+    ("max_tokens", "TYPE_INT32", (1,), True),  # required: preprocessing refuses its absence
     ("end_id", "TYPE_INT32", (1,), True),
     ("pad_id", "TYPE_INT32", (1,), True),
     ("top_k", "TYPE_INT32", (1,), True),

@@ -168,6 +168,8 @@ def preprocess(
                         environment=environment)
             for row in rows
         ]  # fmt: skip
+    if inputs.get("REQUEST_OUTPUT_LEN") is None:
+        raise ValueError("max_tokens is missing: send max_tokens, the most tokens to generate")
     output_len = inputs["REQUEST_OUTPUT_LEN"].reshape(batch, -1)[:, :1].astype(np.int32)
     for row, length in zip(ids, output_len[:, 0], strict=True):
         if int(length) < 1:
