@@ -27,11 +27,12 @@ PROMPTS = [[5, 17, 42, 99], [7, 250, 3], [64, 128, 11, 300, 21, 8]]
 
 def _ports(log: Path) -> dict[str, Any]:
     """Free ports for a server, and where its log goes (the test's own directory)."""
-    found = []
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            found.append(s.getsockname()[1])
+    sockets = [socket.socket() for _ in range(3)]  # held together: three distinct ports
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    found = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
     return {**dict(zip(("http_port", "grpc_port", "metrics_port"), found, strict=True)), "log": log}
 
 
@@ -205,6 +206,87 @@ def test_max_tokens_zero_is_refused_before_the_request(
         main(["infer", "--url", tiny["plain"].http_url, "--prompt", "x", "--max-tokens", "0"]) == 3
     )
     assert "--max-tokens must be at least 1" in capsys.readouterr().err
+
+
+def test_a_request_without_max_tokens_is_refused_in_words_on_every_endpoint(
+    tiny: dict[str, Any],
+) -> None:
+    """Before: HTTP 200 with Triton's "expects model to produce exactly 1 response" from
+    /generate, an empty stream from /generate_stream (the ensemble ended with no response)."""
+    import urllib.error
+    import urllib.request
+
+    import numpy as np
+    import tritonclient.grpc as grpc
+
+    said = "max_tokens is missing: send max_tokens"
+    for server, path in ((tiny["plain"], "generate"), (tiny["streaming"], "generate"),
+                         (tiny["streaming"], "generate_stream")):  # fmt: skip
+        request = urllib.request.Request(f"{server.http_url}/v2/models/ensemble/{path}",
+                                         data=json.dumps({"text_input": "Hello"}).encode())  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400, path
+        assert said in refused.value.read().decode(), path
+    client = grpc.InferenceServerClient(tiny["plain"].grpc_url.removeprefix("grpc://"))
+    text = grpc.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"Hello"]], dtype=object))
+    with pytest.raises(Exception, match=said):
+        client.infer("ensemble", [text], timeout=30)
+    tokens = grpc.InferInput("max_tokens", [1, 1], "INT32")
+    tokens.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    answer = client.infer("ensemble", [text, tokens], timeout=30).as_numpy("text_output")
+    assert answer is not None and answer.size == 1  # the same request with it is answered
+
+
+def test_a_second_serve_on_busy_ports_names_the_port_and_what_holds_it(
+    tiny: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: "serving ... on http://..." (the first server's readiness taken for its own),
+    then "tritonserver exited with 1"; the cause only in tritonserver's log."""
+    first = tiny["plain"]
+    free = _ports(tmp_path / "unused.log")
+    args = ["serve", str(tiny["repository"]), "--grpc-port", str(free["grpc_port"]),
+            "--metrics-port", str(free["metrics_port"])]  # fmt: skip
+    assert main([*args, "--http-port", str(first.http_port)]) == 3
+    err = capsys.readouterr().err
+    assert f"port {first.http_port} (--http-port) is in use: another Triton server answers" in err
+    assert "serving" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    with socket.socket() as other:  # a process that is not Triton
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        busy = other.getsockname()[1]
+        assert main([*args, "--http-port", str(free["http_port"]),
+                     "--grpc-port", str(busy)]) == 3  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"port {busy} (--grpc-port) is in use: another process listens on it" in err
+    assert "serving" not in err
+    assert TritonRuntime(first.grpc_url).greedy_batch([[5, 17, 42]], 2, {2})  # still serving
+
+
+def test_stop_is_safe_on_a_server_that_has_exited_and_ends_what_it_left(tmp_path: Path) -> None:
+    """stop() on a server whose process already exited neither raises nor leaves the rest of
+    its group (a backend stub, here a child shell) running."""
+    import os
+    import subprocess
+    import time
+
+    pidfile = tmp_path / "child"
+    process = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"],
+                               start_new_session=True)  # fmt: skip
+    process.wait()
+    child = int(pidfile.read_text())
+    server = Server(process, 1, 2, tmp_path / "log", None, None)  # type: ignore[arg-type]
+    assert server.stop(grace=5) == 0 and not server.killed
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{child}/stat")
+        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
+            break  # gone, or a zombie awaiting a reaper
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the exited server's child was left running")
 
 
 def test_the_default_model_in_int8_serves_its_chat_template(

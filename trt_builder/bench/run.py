@@ -70,10 +70,14 @@ def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, s
     return {"backend": str(config.get("backend", "")), "implementation": implementation}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: each socket is held until all are chosen (one closed before the
+    next bind could be handed out again)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 @contextlib.contextmanager
@@ -93,7 +97,7 @@ def deployment(target: str, model: str, log_dir: Path) -> Iterator[tuple[str, Pa
             f"{repository}: tensorrt_llm is not decoupled, so generate_stream cannot stream "
             "tokens: package with [triton] streaming = true (trt-builder package --config)"
         )
-    ports = {"http_port": _free_port(), "grpc_port": _free_port(), "metrics_port": _free_port()}
+    ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))
     with triton_server.start(repository, log=log_dir / "tritonserver.log", **ports) as server:
         yield server.http_url, repository / "preprocessing" / "tokenizer"
 

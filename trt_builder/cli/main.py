@@ -361,19 +361,18 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)  # also while it starts: start() stops what it began
+    stopped = False
     server = start(repository, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, timeout=timeout)  # fmt: skip
-    try:
-        info = json.loads((repository / INFO).read_text())
-    except (OSError, ValueError):
-        info = {}
-    what = REFERENCE if info.get("backend") == "reference" else "TensorRT-LLM engine"
-    err.print(f"serving {escape(str(repository))} on {server.http_url} and {server.grpc_url} "
-              f"(tensorrt_llm: {what}; tritonserver from {server.binary.source}, log: "
-              f"{escape(str(server.log))}); Ctrl-C stops it", soft_wrap=True)  # fmt: skip
-
-    stopped = False
-    try:
+    try:  # from here on, whatever happens, the server is stopped before serve returns
+        try:
+            info = json.loads((repository / INFO).read_text())
+        except (OSError, ValueError):
+            info = {}
+        what = REFERENCE if info.get("backend") == "reference" else "TensorRT-LLM engine"
+        err.print(f"serving {escape(str(repository))} on {server.http_url} and {server.grpc_url} "
+                  f"(tensorrt_llm: {what}; tritonserver from {server.binary.source}, log: "
+                  f"{escape(str(server.log))}); Ctrl-C stops it", soft_wrap=True)  # fmt: skip
         while server.process.poll() is None:
             try:
                 server.process.wait(timeout=1.0)
@@ -392,6 +391,9 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
         code = server.stop()
     if not stopped:  # it ended by itself
         raise TritonError(f"tritonserver exited with {code} (log: {server.log})")
+    if server.killed:  # a supervisor should know the drain did not finish
+        raise TritonError(f"tritonserver did not stop within 30 s of SIGTERM and was killed "
+                          f"(log: {server.log})")  # fmt: skip
     err.print(f"tritonserver stopped (exit {code})")
 
 

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -135,6 +136,7 @@ class Server:
     version: int | None = None  # the published version loaded
     failed: int | None = None  # the last version that failed to load (not retried)
     notes: list[str] = field(default_factory=list)
+    killed: bool = False  # stop() had to SIGKILL it
 
     @property
     def http_url(self) -> str:
@@ -145,13 +147,16 @@ class Server:
         return f"grpc://127.0.0.1:{self.grpc_port}"
 
     def stop(self, grace: float = 30.0) -> int:
-        if self.process.poll() is None:  # the group: mpirun's ranks, the backends' stubs
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        """SIGTERM to the process group (mpirun's ranks, the backends' stubs), SIGKILL after
+        `grace` seconds; the server's exit code. `killed` says whether it had to be killed.
+        Signals the group even when the server itself has exited, for stubs it left behind."""
+        _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.killed = True
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         return self.process.returncode
 
     def reload(self, timeout: float = 300.0) -> int | None:
@@ -189,6 +194,47 @@ class Server:
         self.stop()
 
 
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):  # the whole group has exited already
+        pass
+
+
+#: tritonserver's line for an HTTP or gRPC port it could not bind.
+_IN_USE = re.compile(r"Socket '[^']*:(\d+)' already in use|[Aa]ddress already in use")
+
+
+def _triton_on(port: int) -> bool:
+    """Whether a Triton server answers HTTP on `port` (its server metadata at /v2)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2", timeout=2) as answer:
+            return b'"name"' in answer.read(4096)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def check_ports(ports: dict[str, int]) -> None:
+    """InputError naming the first port (by its option) that another process listens on, and
+    whether that process is a Triton server, before tritonserver is started: a server on a busy
+    port would fail in its own log, while the other server's readiness answered ours."""
+    for option, port in ports.items():
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free
+            try:
+                probe.bind(("0.0.0.0", port))  # tritonserver listens on every address
+                continue
+            except OSError:
+                pass
+        flag = "--" + option.replace("_", "-")
+        who = (
+            f"another Triton server answers on it (http://127.0.0.1:{port}): stop that one, or"
+            if _triton_on(port)
+            else "another process listens on it: free it, or"
+        )
+        raise InputError(f"port {port} ({flag}) is in use: {who} choose another with {flag}")
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as answer:
@@ -215,6 +261,7 @@ def start(
             "no tritonserver here: use the NGC Triton container, or pip install "
             "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
         )
+    check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
     served = repository.absolute()  # the link itself: reload() follows it
     argv = serve_command(served, tritonserver=str(binary.executable), http_port=http_port,
                          grpc_port=grpc_port, metrics_port=metrics_port,
@@ -243,10 +290,14 @@ def _wait_ready(server: Server, timeout: float) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             text = server.log.read_text(errors="replace")
+            busy = _IN_USE.search(text)
+            if busy:  # taken between check_ports and the server's bind
+                raise InputError(f"tritonserver could not listen: {busy.group(0)}: choose other "
+                                 "ports (--http-port, --grpc-port, --metrics-port)")  # fmt: skip
             raise TritonError(load_failure(text) or f"tritonserver exited with "
                               f"{server.process.returncode}: "
                               f"{' | '.join(text.strip().splitlines()[-3:])} (log: {server.log})")  # fmt: skip
-        if _ready(server.http_url):
+        if _ready(server.http_url) and server.process.poll() is None:  # ours answered
             return
         time.sleep(0.5)
     raise TritonError(
