@@ -540,6 +540,47 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
         assert TritonRuntime(again.grpc_url).greedy_batch([[5, 17, 42]], 6, {2}) == [want]
 
 
+def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seconds(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """20 gRPC streams, each of 3000 tokens, cancelled by their clients after the first token
+    (tritonclient's stop_stream(cancel_requests=True)): the reference backend drops them, so a
+    request sent afterwards is answered at once and SIGTERM ends the server within 10 s,
+    unkilled. Before, generation went on for the vanished clients and SIGTERM took 30 s and a
+    SIGKILL."""
+    import threading
+    import time
+
+    import tritonclient.grpc as grpc
+
+    server = start(tiny["streaming_repository"], **_ports(tmp_path / "server.log"))
+    try:
+        clients = []
+        for _ in range(20):
+            client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+            first = threading.Event()
+            client.start_stream(callback=lambda result, error, first=first: first.set())
+            client.async_stream_infer(
+                "tensorrt_llm", _ids_request(grpc, [5, 17, 42], 3000, streaming=True)
+            )
+            clients.append((client, first))
+        for client, first in clients:
+            assert first.wait(60), "a stream's first token did not come"
+            client.stop_stream(cancel_requests=True)
+            client.close()
+        started = time.monotonic()
+        want = tiny["runtime"].greedy([5, 17, 42], 4, {2})
+        assert TritonRuntime(server.grpc_url).greedy_batch([[5, 17, 42]], 4, {2}) == [want]
+        answered = time.monotonic() - started
+        started = time.monotonic()
+        code = server.stop(grace=10)
+        stopped = time.monotonic() - started
+    finally:
+        server.stop(grace=5)
+    assert answered < 10, f"a new request waited {answered:.1f} s behind cancelled ones"
+    assert not server.killed and code == 0 and stopped < 10, (code, stopped)
+
+
 def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
     tiny_llama: Path, tmp_path: Path
 ) -> None:

@@ -393,6 +393,7 @@ def test_packaged_repositories_validate_and_publish_versions(
     ranks = [r for r in " ".join(argv).split(" : ")]
     assert len(ranks) == tp and all(served in r and "--strict-readiness=true" in r for r in ranks)
     assert "--load-model=ensemble" in ranks[0] and "--exit-on-error=true" in ranks[0]
+    assert all("--exit-timeout-secs=10" in r for r in ranks)  # a bounded drain on SIGTERM
     assert (argv[0] == "tritonserver") == (tp == 1)
     if tp == 2:
         assert argv[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "tritonserver"]

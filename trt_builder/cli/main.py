@@ -355,6 +355,7 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
 
     from ..core.errors import TritonError
     from ..triton.repository import INFO, REFERENCE
+    from ..triton.serve import EXIT_TIMEOUT_S
     from ..triton.server import start
 
     def stop(signum: int, frame: Any) -> None:
@@ -394,6 +395,9 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     if server.killed:  # a supervisor should know the drain did not finish
         raise TritonError(f"tritonserver did not stop within 30 s of SIGTERM and was killed "
                           f"(log: {server.log})")  # fmt: skip
+    if code != 0:  # Triton's own: requests still in flight when its exit timeout passed
+        raise TritonError(f"tritonserver stopped with exit {code}: requests in flight "
+                          f"{EXIT_TIMEOUT_S} s after the stop were cut off (log: {server.log})")  # fmt: skip
     err.print(f"tritonserver stopped (exit {code})")
 
 

@@ -157,6 +157,12 @@ class InflightBatcher:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    def cancel(self, rid: int) -> None:
+        """Drop a request, waiting or running (its client went away): its slot is free for the
+        next step."""
+        self.waiting = deque((i, r) for i, r in self.waiting if i != rid)
+        self.running = [r for r in self.running if r.id != rid]
+
     def _choose(self, run: _Running, logits: torch.Tensor) -> Event:
         """The request's next token from its [vocab] logits, and whether it is done."""
         request = run.request

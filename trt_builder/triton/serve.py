@@ -9,6 +9,9 @@ from pathlib import Path
 from ..core.errors import PackageError
 from .repository import INFO, validate_repository
 
+#: Seconds tritonserver gives in-flight requests after SIGTERM before it unloads the models
+#: (whose requests then end with an error): a bounded drain, not Triton's default 30 s.
+EXIT_TIMEOUT_S = 10
 #: Loaded explicitly on the first rank; the other ranks load only the engine.
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
 
@@ -43,6 +46,7 @@ def serve_command(
         argv += [
             f"--http-port={http_port}", f"--grpc-port={grpc_port}",
             f"--metrics-port={metrics_port}", "--strict-readiness=true", "--exit-on-error=true",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             "--disable-auto-complete-config",
             f"--backend-config=python,shm-region-prefix-name=prefix{i}_",
         ]  # fmt: skip

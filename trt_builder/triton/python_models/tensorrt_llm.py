@@ -12,6 +12,7 @@ stream; a non-decoupled one refuses `streaming`, as the tensorrtllm backend does
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,18 @@ def make_request(inputs, vocab_size):
     return request, scalar(inputs, "streaming", bool, False)
 
 
+#: Seconds between two questions to Triton of which requests were cancelled.
+CANCEL_POLL_S = 0.1
+
+
+def _is_cancelled(request):
+    """Triton's cancellation flag for a request (the Python backend has had it since 23.10)."""
+    try:
+        return bool(request.is_cancelled())
+    except Exception:  # an older backend, or a request Triton has released
+        return False
+
+
 INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id",
           "runtime_top_k", "runtime_top_p", "temperature", "seed", "streaming",
           "stop_words_list", "bad_words_list")  # fmt: skip
@@ -100,7 +113,8 @@ class TritonPythonModel:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
-        self.active = {}  # request id -> (response sender, stream, tokens)
+        self.polled = 0.0  # when _cancelled last asked
+        self.active = {}  # request id -> (response sender, stream, tokens, Triton's request)
         self.worker = threading.Thread(target=self._loop, daemon=True)
         self.worker.start()
 
@@ -123,7 +137,7 @@ class TritonPythonModel:
             )
         with self.lock:
             rid = self.batcher.submit(parsed)
-            self.active[rid] = (sender, stream, [])
+            self.active[rid] = (sender, stream, [], request)
         self.wake.set()
 
     def execute(self, requests):
@@ -173,8 +187,33 @@ class TritonPythonModel:
         elif event.finished:
             sender.send(self._response(tokens), flags=final)
 
+    def _cancelled(self):
+        """Drop the requests Triton reports cancelled (a gRPC stream cancelled, a deadline
+        passed, a client gone); each hears a final CANCELLED error if it can still hear. Asked
+        at most every CANCEL_POLL_S (each question is a round trip to the server process)."""
+        import triton_python_backend_utils as pb_utils
+
+        now = time.monotonic()
+        if now - self.polled < CANCEL_POLL_S:
+            return
+        self.polled = now
+        with self.lock:
+            gone = [rid for rid, entry in self.active.items() if _is_cancelled(entry[3])]
+            senders = []
+            for rid in gone:
+                senders.append(self.active.pop(rid)[0])
+                self.batcher.cancel(rid)
+        for sender in senders:
+            error = pb_utils.TritonError("cancelled", getattr(pb_utils.TritonError, "CANCELLED", 0))
+            try:
+                sender.send(pb_utils.InferenceResponse(error=error),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+            except Exception:  # nobody listens any more
+                pass
+
     def _loop(self):
         while not self.stopping:
+            self._cancelled()
             with self.lock:
                 idle = self.batcher.idle
             if idle:
@@ -186,7 +225,7 @@ class TritonPythonModel:
                     events = self.batcher.step()
                     updates = []
                     for event in events:
-                        sender, stream, tokens = self.active[event.request]
+                        sender, stream, tokens, _ = self.active[event.request]
                         tokens.append(event.token)
                         if event.finished:
                             del self.active[event.request]
@@ -196,7 +235,7 @@ class TritonPythonModel:
                     failed, self.active = self.active, {}
                     self.batcher.running.clear()
                     self.batcher.waiting.clear()
-                self._fail([sender for sender, _, _ in failed.values()], str(exc))
+                self._fail([entry[0] for entry in failed.values()], str(exc))
                 continue
             for event, sender, stream, tokens in updates:
                 try:
@@ -204,9 +243,7 @@ class TritonPythonModel:
                 except Exception:  # a client that went away: drop its request, serve the rest
                     with self.lock:
                         self.active.pop(event.request, None)
-                        self.batcher.running = [
-                            r for r in self.batcher.running if r.id != event.request
-                        ]
+                        self.batcher.cancel(event.request)
 
     def finalize(self):
         self.stopping = True
@@ -214,4 +251,4 @@ class TritonPythonModel:
         self.worker.join(timeout=5)
         with self.lock:
             pending, self.active = self.active, {}
-        self._fail([sender for sender, _, _ in pending.values()], "the model is being unloaded")
+        self._fail([entry[0] for entry in pending.values()], "the model is being unloaded")
