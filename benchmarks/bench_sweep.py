@@ -18,8 +18,8 @@ or the NGC container's) and aiperf (`scripts/setup.sh --bench` or TRT_BUILDER_AI
 each build's points and the comparisons; writes each bench's JSON and HTML page, and the
 comparisons', into --out. --only builds and benches some of the three (float16, int8,
 float16-batch1); a comparison whose other side is not run is made from that build's JSON already
-in --out (an earlier run's, on the same kind of host), and says so. The work directory (models, engines, repositories) is removed
-afterwards unless given.
+in --out (an earlier run's, on the same kind of host), and says so. The work directory (models,
+engines, repositories) is removed afterwards unless given.
 """
 
 from __future__ import annotations

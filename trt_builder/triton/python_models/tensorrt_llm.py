@@ -164,12 +164,13 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", length)])  # fmt: skip
 
-    def _fail(self, senders, message):
-        """Answer requests with an error (their last response)."""
+    def _fail(self, senders, message, code=None):
+        """Answer requests with an error (their last response), of Triton's `code` if given."""
         import triton_python_backend_utils as pb_utils
 
         for sender in senders:
-            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+            failure = pb_utils.TritonError(message, *(() if code is None else (code,)))
+            error = pb_utils.InferenceResponse(error=failure)
             try:
                 sender.send(error, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:  # its client is gone: nothing more to tell it
@@ -203,13 +204,7 @@ class TritonPythonModel:
             for rid in gone:
                 senders.append(self.active.pop(rid)[0])
                 self.batcher.cancel(rid)
-        for sender in senders:
-            error = pb_utils.TritonError("cancelled", getattr(pb_utils.TritonError, "CANCELLED", 0))
-            try:
-                sender.send(pb_utils.InferenceResponse(error=error),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
-            except Exception:  # nobody listens any more
-                pass
+        self._fail(senders, "cancelled", getattr(pb_utils.TritonError, "CANCELLED", None))
 
     def _loop(self):
         while not self.stopping:
