@@ -581,6 +581,175 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
     assert not server.killed and code == 0 and stopped < 10, (code, stopped)
 
 
+class _Serve:
+    """`trt-builder serve` of `repository` as an operator runs it: a subprocess on free ports,
+    what it prints so far, and the processes of the tritonserver it runs now."""
+
+    def __init__(self, repository: Path, tmp_path: Path) -> None:
+        import subprocess
+        import sys
+
+        self.ports = {k: v for k, v in _ports(tmp_path / "unused.log").items() if k != "log"}
+        self.url = f"http://127.0.0.1:{self.ports['http_port']}"
+        self.said = tmp_path / "serve.err"
+        argv = [sys.executable, "-m", "trt_builder.cli.main", "serve", str(repository),
+                *(f"--{k.replace('_', '-')}={v}" for k, v in self.ports.items())]  # fmt: skip
+        with open(self.said, "w") as out:
+            self.process = subprocess.Popen(argv, stderr=out, stdin=subprocess.DEVNULL)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.said.read_text().splitlines()
+
+    def ready(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def wait(self, condition: Any, seconds: float) -> float:
+        """Seconds until `condition()`; fails if serve exits or `seconds` pass first."""
+        import time
+
+        start_at = time.monotonic()
+        while not condition():
+            assert time.monotonic() - start_at < seconds, self.lines
+            assert self.process.poll() is None, (self.process.returncode, self.lines)
+            time.sleep(0.2)
+        return time.monotonic() - start_at
+
+    def serving(self, times: int = 1) -> float:
+        """Wait until serve has said it serves (`times` counts the restarts' lines too) and the
+        server is ready."""
+        said = lambda: sum(ln.startswith("serving") for ln in self.lines) >= times  # noqa: E731
+        return self.wait(lambda: said() and self.ready(), 120)
+
+    def stub(self) -> tuple[int, str]:
+        """The pid of the current server's tensorrt_llm stub, and the server's shared-memory
+        prefix (its regions are /dev/shm/<prefix>*)."""
+        import os
+        import re
+        import subprocess
+
+        def pids(pattern: str) -> list[int]:
+            found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+            return [int(pid) for pid in found.stdout.split()]
+
+        (triton,) = pids(f"bin/tritonserver .*--http-port={self.ports['http_port']}")
+        mine = [pid for pid in pids("tensorrt_llm/[0-9]+/model.py") if os.getpgid(pid) == triton]
+        assert len(mine) == 1, mine
+        argv = Path(f"/proc/{triton}/cmdline").read_bytes().decode()
+        shm = re.search(r"shm-region-prefix-name=(\w+?)0_", argv)
+        assert shm and list(Path("/dev/shm").glob(f"{shm[1]}*")), argv
+        return mine[0], shm[1]
+
+    def stop(self) -> int:
+        import signal
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+def test_a_killed_model_process_ends_its_streams_and_serve_restarts_the_server(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """SIGKILL to the tensorrt_llm model's stub with 4 streams in flight, under `trt-builder
+    serve`: each client gets an error within 10 s, readiness is false, and within 60 s the
+    server serves again, answers as the checkpoint runtime does, and the killed one's
+    shared-memory regions are gone. Before, the clients heard nothing for 60 s and readiness
+    stayed 200 while every request failed."""
+    import os
+    import re
+    import signal
+    import threading
+    import time
+
+    import tritonclient.grpc as grpc
+
+    from trt_builder.triton.client import stream_results
+
+    serve = _Serve(tiny["streaming_repository"], tmp_path)
+    try:
+        serve.serving()
+        grpc_url = f"127.0.0.1:{serve.ports['grpc_port']}"
+        ended: list[tuple[float, str]] = []
+        started = threading.Barrier(5)
+
+        def client() -> None:
+            results = stream_results(grpc.InferenceServerClient(grpc_url), "tensorrt_llm",
+                                     _ids_request(grpc, [5, 17, 42], 3000, streaming=True),
+                                     timeout=60)  # fmt: skip
+            next(results)
+            started.wait()
+            try:
+                for _ in results:
+                    pass
+                ended.append((time.monotonic(), "finished"))
+            except TritonError as exc:
+                ended.append((time.monotonic(), str(exc)))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started.wait(timeout=60)
+        stub, shm = serve.stub()
+        killed_at = time.monotonic()
+        os.kill(stub, signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=30)
+        assert len(ended) == 4 and all(at - killed_at < 10 for at, _ in ended), ended
+        assert all("broke off" in why for _, why in ended), ended
+        assert not serve.ready()  # the killed server is down; the new one not yet ready
+        back = serve.serving(times=2)  # "serving" and "serving again"
+        assert not list(Path("/dev/shm").glob(f"{shm}*"))  # what the killed server left
+        want = tiny["runtime"].greedy([5, 17, 42], 6, {2})
+        assert TritonRuntime(f"grpc://{grpc_url}").greedy_batch([[5, 17, 42]], 6, {2}) == [want]
+        # the stub's death is seen, or tritonserver's own abort that it can cause (2.51's Python
+        # backend: boost::interprocess::lock_exception), whichever comes first
+        death = re.compile(r"(model process tensorrt_llm_0_0 died|tritonserver exited by itself "
+                           r"with -?\d+): restarting tritonserver \(restart 1 of at most 3")  # fmt: skip
+        assert any(death.search(line) for line in serve.lines), serve.lines
+        assert back < 60
+    finally:
+        code = serve.stop()
+    assert code == 0, serve.lines
+
+
+def test_serve_gives_up_after_three_restarts_and_exits_12(
+    tiny: dict[str, Any], tmp_path: Path
+) -> None:
+    """A model process that keeps dying: serve restarts the server three times, and on the
+    fourth death says it gives up and exits 12 (for systemd or Kubernetes to take over),
+    leaving no tritonserver and no shared-memory region behind."""
+    import os
+    import signal
+    import subprocess
+
+    from trt_builder.triton.server import MAX_RESTARTS
+
+    serve = _Serve(tiny["streaming_repository"], tmp_path)
+    prefixes = []
+    try:
+        for times in range(1, MAX_RESTARTS + 2):
+            serve.serving(times)
+            stub, shm = serve.stub()
+            prefixes.append(shm)
+            os.kill(stub, signal.SIGKILL)
+        code = serve.process.wait(timeout=60)
+    finally:
+        serve.stop()
+    assert code == 12, serve.lines
+    assert "giving up" in serve.lines[-1] and "after 3 restarts" in serve.lines[-1], serve.lines
+    assert sum("restarting tritonserver" in line for line in serve.lines) == MAX_RESTARTS
+    left = subprocess.run(["pgrep", "-f", f"--http-port={serve.ports['http_port']}"],
+                          capture_output=True, text=True).stdout  # fmt: skip
+    assert not left and not [p for p in prefixes if list(Path("/dev/shm").glob(f"{p}*"))]
+
+
 def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
     tiny_llama: Path, tmp_path: Path
 ) -> None:

@@ -351,18 +351,17 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
       trt-builder serve triton_repo/smollm2-135m-instruct-b179c952-int8-sq-tp1-pp1
     """
     import signal
-    import subprocess
 
     from ..core.errors import TritonError
     from ..triton.repository import INFO, REFERENCE
     from ..triton.serve import EXIT_TIMEOUT_S
-    from ..triton.server import start
+    from ..triton.server import Supervisor, start
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)  # also while it starts: start() stops what it began
-    stopped = False
+    supervisor = None
     server = start(repository, http_port=http_port, grpc_port=grpc_port,
                    metrics_port=metrics_port, timeout=timeout)  # fmt: skip
     try:  # from here on, whatever happens, the server is stopped before serve returns
@@ -374,24 +373,18 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
         err.print(f"serving {escape(str(repository))} on {server.http_url} and {server.grpc_url} "
                   f"(tensorrt_llm: {what}; tritonserver from {server.binary.source}, log: "
                   f"{escape(str(server.log))}); Ctrl-C stops it", soft_wrap=True)  # fmt: skip
-        while server.process.poll() is None:
-            try:
-                server.process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            try:  # a version `package` published since: load it while this one serves
-                loaded = server.reload()
-            except TritonError as exc:  # reported once; the old version goes on serving
-                err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
-                continue
-            if loaded is not None:
-                err.print(f"version {loaded} of {escape(str(repository))} loaded")
+        supervisor = Supervisor(server, timeout=timeout,
+                                say=lambda line: err.print(escape(line), soft_wrap=True))  # fmt: skip
+        supervisor.run()
     except KeyboardInterrupt:
-        stopped = True
+        pass
     finally:
+        if supervisor is not None:
+            server = supervisor.server  # the one serving now, after any restarts
         code = server.stop()
-    if not stopped:  # it ended by itself
-        raise TritonError(f"tritonserver exited with {code} (log: {server.log})")
+    if supervisor is not None and supervisor.restarting:  # stopped while a new one started
+        err.print("tritonserver stopped (during a restart)")
+        return
     if server.killed:  # a supervisor should know the drain did not finish
         raise TritonError(f"tritonserver did not stop within 30 s of SIGTERM and was killed "
                           f"(log: {server.log})")  # fmt: skip

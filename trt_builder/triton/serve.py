@@ -24,10 +24,12 @@ def serve_command(
     grpc_port: int = 8001,
     metrics_port: int = 8002,
     model_repository: Path | None = None,
+    shm_prefix: str = "prefix",
 ) -> list[str]:
     """argv that serves `repository`: explicit model control, strict readiness, exit on error;
     `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
-    the one the serving container sees (the spec's [triton] serve_root)."""
+    the one the serving container sees (the spec's [triton] serve_root). Rank i's Python
+    backend names its shared-memory regions `<shm_prefix><i>_...`."""
     validate_repository(repository)
     try:
         info = json.loads((repository / INFO).read_text())
@@ -48,7 +50,7 @@ def serve_command(
             f"--metrics-port={metrics_port}", "--strict-readiness=true", "--exit-on-error=true",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             "--disable-auto-complete-config",
-            f"--backend-config=python,shm-region-prefix-name=prefix{i}_",
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}{i}_",
         ]  # fmt: skip
         return argv
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -26,6 +27,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +39,12 @@ from .serve import serve_command
 #: The environment variable that names a tritonserver executable to use.
 EXECUTABLE_ENV = "TRT_BUILDER_TRITONSERVER"
 NGC = Path("/opt/tritonserver/bin/tritonserver")
+#: The Python backend's stub: one process per model instance.
+STUB = "triton_python_backend_stub"
+#: serve restarts a server whose model process died at most this often in this many seconds,
+#: then exits 12, for a process supervisor (systemd, Kubernetes) to take over.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,9 @@ class Server:
     failed: int | None = None  # the last version that failed to load (not retried)
     notes: list[str] = field(default_factory=list)
     killed: bool = False  # stop() had to SIGKILL it
+    metrics_port: int = 0
+    shm_prefix: str = ""  # its Python backend's shared-memory regions: /dev/shm/<prefix>*
+    stubs: dict[int, str] = field(default_factory=dict)  # its model processes when it was ready
 
     @property
     def http_url(self) -> str:
@@ -155,9 +167,26 @@ class Server:
             self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.killed = True
-            _signal_group(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            self.kill()
         return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group, and remove the shared-memory regions its killed Python
+        backend stubs leave in /dev/shm."""
+        _signal_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        if self.shm_prefix:
+            for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+                region.unlink(missing_ok=True)
+
+    def restart(self, timeout: float = 300.0) -> Server:
+        """The same repository on the same ports in a fresh tritonserver, this one killed
+        first (a dead model process leaves its requests hanging, which a drain would wait for:
+        killing ends them with a connection error at once). TritonError if it does not start."""
+        assert self.repository is not None
+        self.kill()
+        return start(self.repository, http_port=self.http_port, grpc_port=self.grpc_port,
+                     metrics_port=self.metrics_port, timeout=timeout)  # fmt: skip
 
     def reload(self, timeout: float = 300.0) -> int | None:
         """Load the version the repository's link points to now, if it is not the one loaded:
@@ -187,11 +216,100 @@ class Server:
         self.version = version
         return version
 
+    def model_processes(self) -> dict[int, str | None]:
+        """The Python-backend stubs in the server's process group: pid to the model instance it
+        runs (`tensorrt_llm_0_0`, ...), or None for one that died and that tritonserver has not
+        reaped (a zombie keeps its command name, not its arguments)."""
+        found: dict[int, str | None] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+                comm = text[text.index("(") + 1 : text.rindex(")")]
+                fields = text.rsplit(")", 1)[1].split()
+                if int(fields[2]) != self.process.pid or comm != STUB[:15]:  # 15 characters kept
+                    continue
+                argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue  # it exited while being read
+            alive = fields[0] != "Z" and len(argv) > 8
+            found[int(stat.parent.name)] = argv[8].decode(errors="replace") if alive else None
+        return found
+
     def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Supervisor:
+    """`serve`'s watch over a started server, once a second until Ctrl-C or SIGTERM: a model
+    process that died (the OOM killer, a CUDA fault) or a tritonserver that exited by itself
+    is restarted on the same ports, at most MAX_RESTARTS times in RESTART_WINDOW_S, and each
+    death is said in one line naming what died; then TritonError (exit 12) for a process
+    supervisor to take over. A new version `package` publishes is loaded (Server.reload).
+
+    A restart, not a reload through model control: a stub killed mid-request leaves its
+    requests hanging (their clients hear nothing) and can abort tritonserver itself (the
+    Python backend's `boost::interprocess::lock_exception`, seen on 2.51). Killing the server
+    ends every stream at once with a connection error, and readiness with it."""
+
+    def __init__(self, server: Server, *, timeout: float, say: Callable[[str], None]) -> None:
+        self.server, self.timeout, self.say = server, timeout, say
+        self.restarts: deque[float] = deque()
+        self.restarting = False
+        self.seen = dict(server.stubs)  # every model process seen alive in this server
+
+    def run(self) -> None:
+        """Watch until interrupted (KeyboardInterrupt propagates; the caller stops
+        self.server) or recovery fails (TritonError)."""
+        while True:
+            try:
+                self.server.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            died = self._deaths()
+            if died:
+                self._restart(died)
+                continue
+            try:  # a version `package` published since: load it while this one serves
+                loaded = self.server.reload()
+            except TritonError as exc:  # reported once; the old version goes on serving
+                self.say(str(exc))
+                continue
+            if loaded is not None:
+                self.say(f"version {loaded} of {self.server.repository} loaded")
+
+    def _deaths(self) -> str:
+        code = self.server.process.poll()
+        if code is not None:
+            return f"tritonserver exited by itself with {code}"
+        found = self.server.model_processes()
+        self.seen |= {pid: name for pid, name in found.items() if name is not None}
+        # gone since seen, or a zombie (also one that died before the first look)
+        dead = {self.seen.get(pid, f"(pid {pid}, dead before it was named)")
+                for pid in self.seen.keys() | found.keys() if found.get(pid) is None}  # fmt: skip
+        if dead and self.server.process.poll() is None:
+            return f"model process {', '.join(sorted(dead))} died"
+        return ""
+
+    def _restart(self, died: str) -> None:
+        now = time.monotonic()
+        while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
+            self.restarts.popleft()
+        log = self.server.log
+        if len(self.restarts) >= MAX_RESTARTS:
+            self.server.kill()  # its dead model's requests would hold a drain to the end
+            raise TritonError(f"{died} after {MAX_RESTARTS} restarts in "
+                              f"{RESTART_WINDOW_S // 60} minutes: giving up (log: {log})")  # fmt: skip
+        self.restarts.append(now)
+        self.say(f"{died}: restarting tritonserver (restart {len(self.restarts)} of at most "
+                 f"{MAX_RESTARTS} in {RESTART_WINDOW_S // 60} minutes; log: {log})")  # fmt: skip
+        self.restarting = True  # an interrupt now: start() stops what it began, this one is dead
+        self.server = self.server.restart(self.timeout)
+        self.restarting = False
+        self.seen = dict(self.server.stubs)
+        self.say(f"serving again on {self.server.http_url} (log: {self.server.log})")
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -263,9 +381,10 @@ def start(
         )
     check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
     served = repository.absolute()  # the link itself: reload() follows it
+    shm_prefix = f"trtb{secrets.token_hex(4)}r"  # this server's own, so a kill can clean up
     argv = serve_command(served, tritonserver=str(binary.executable), http_port=http_port,
                          grpc_port=grpc_port, metrics_port=metrics_port,
-                         model_repository=served)  # fmt: skip
+                         model_repository=served, shm_prefix=shm_prefix)  # fmt: skip
     if binary.source == "pytriton":
         backends = _wheel_backends(binary.executable.parents[1])
         argv.insert(argv.index(str(binary.executable)) + 1, f"--backend-directory={backends}")
@@ -276,9 +395,11 @@ def start(
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                    env=server_environment(), start_new_session=True)  # fmt: skip
-    server = Server(process, http_port, grpc_port, log, binary, served, current_version(served))
+    server = Server(process, http_port, grpc_port, log, binary, served, current_version(served),
+                    metrics_port=metrics_port, shm_prefix=shm_prefix)  # fmt: skip
     try:
         _wait_ready(server, timeout)
+        server.stubs = {pid: name for pid, name in server.model_processes().items() if name}
     except BaseException:  # a refusal, a timeout, Ctrl-C: never leave it running
         server.stop()
         raise
