@@ -3,10 +3,12 @@ at a time, same model, same server, same run.
 
 Builds the embedded SmolLM2-135M-Instruct in float16 with a streaming repository (or uses
 --repository), serves it (`trt-builder serve`'s library), then sends the same `--requests`
-prompts, each as a user's chat message, over gRPC streams twice: one request at a time, then `--clients` at once. Prints
-output tokens/s and the p50/p95 time to first token of each, and the throughput ratio.
+prompts, each as a user's chat message, over gRPC streams twice: one request at a time, then
+`--clients` at once. Prints output tokens/s and the p50/p95 time to first token of each, the
+throughput ratio, and how many answers in flight equal the same request's answer alone.
 
-    .venv/bin/python benchmarks/serve.py [--clients 8] [--requests 16] [--tokens 64] [--workdir DIR]
+    .venv/bin/python benchmarks/serve.py [--clients 8] [--requests 16] [--tokens 64]
+        [--dtype float16] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import json
 import platform
 import queue
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,14 +44,9 @@ PROMPTS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def one_request(url: str, prompt: str, tokens: int) -> tuple[float, float, int]:
-    """(seconds to the first token, seconds in all, tokens) of one streamed ensemble request: the
+def one_request(url: str, prompt: str, tokens: int) -> tuple[float, float, int, str]:
+    """(seconds to the first token, seconds in all, tokens, the text) of one streamed ensemble
+    request: the
     prompt as a user's chat message, which the repository renders with the model's chat template
     (an instruct model answers raw text with its end token at once, a benchmark of prefills)."""
     import tritonclient.grpc as grpc
@@ -70,38 +67,42 @@ def one_request(url: str, prompt: str, tokens: int) -> tuple[float, float, int]:
     stream.set_data_from_numpy(np.array([[True]]))
     inputs = [text, limit, stream]
     client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
-    first, count = None, 0
+    first, count, text = None, 0, []
     while True:
         result, error, at = pieces.get(timeout=600)
         if error is not None:
             raise RuntimeError(error)
-        if result.as_numpy("text_output") is not None:
+        piece = result.as_numpy("text_output")
+        if piece is not None:
             count += 1
+            text.append(piece.reshape(-1)[0].decode(errors="replace"))
             first = first if first is not None else at - start
         final = result.get_response().parameters.get("triton_final_response")
         if final is not None and final.bool_param:
             break
     client.stop_stream()
-    return float(first or 0.0), time.perf_counter() - start, count
+    return float(first or 0.0), time.perf_counter() - start, count, "".join(text)
 
 
-def run(url: str, prompts: list[str], tokens: int, clients: int) -> dict[str, float]:
-    """Send every prompt, `clients` at a time; the figures."""
+def run(url: str, prompts: list[str], tokens: int, clients: int) -> dict[str, Any]:
+    """Send every prompt, `clients` at a time; the figures, and the answers in prompt order."""
     todo: queue.Queue = queue.Queue()
-    for p in prompts:
-        todo.put(p)
-    results: list[tuple[float, float, int]] = []
+    for i, p in enumerate(prompts):
+        todo.put((i, p))
+    results: list[tuple[float, float, int, str]] = []
+    answers: dict[int, str] = {}
     lock = threading.Lock()
 
     def worker() -> None:
         while True:
             try:
-                prompt = todo.get_nowait()
+                i, prompt = todo.get_nowait()
             except queue.Empty:
                 return
             out = one_request(url, prompt, tokens)
             with lock:
                 results.append(out)
+                answers[i] = out[3]
 
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(clients)]
@@ -119,6 +120,7 @@ def run(url: str, prompts: list[str], tokens: int, clients: int) -> dict[str, fl
         "tokens_per_s": total / wall,
         "ttft_p50_s": statistics.median(ttft),
         "ttft_p95_s": ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))],
+        "answers": [answers[i] for i in range(len(prompts))],
     }
 
 
@@ -129,6 +131,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repository", type=Path, help="a streaming repository to serve")
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--dtype", default="float16", help="what to build: float16, int8, ...")
     args = parser.parse_args()
     from trt_builder.triton.server import start
 
@@ -140,11 +143,13 @@ def main() -> None:
     if repository is None:
         config = work / "spec.toml"
         config.write_text("[triton]\nstreaming = true\n")
-        seconds, out = timed([executable(), "build", "--dtype", "float16", "--config", str(config),
+        seconds, out = timed([executable(), "build", "--dtype", args.dtype, "--config", str(config),
                               "--json"], work)  # fmt: skip
         repository = Path(json.loads(out)["triton_repository"])
-        print(f"build (float16, streaming repository): {seconds:.1f} s")
-    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+        print(f"build ({args.dtype}, streaming repository): {seconds:.1f} s")
+    from trt_builder.bench.run import _free_ports  # three distinct ones
+
+    ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     print(f"machine: {platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs, "
           f"Python {platform.python_version()}")  # fmt: skip
@@ -163,6 +168,8 @@ def main() -> None:
     print(
         f"in-flight / one at a time: {batched['tokens_per_s'] / alone['tokens_per_s']:.2f}x output tokens/s"
     )
+    same = sum(a == b for a, b in zip(alone["answers"], batched["answers"], strict=True))
+    print(f"answers in flight equal to the same request's alone: {same} of {len(prompts)}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import InputError
 from trt_builder.runtimes.batching import InflightBatcher, Request, Sampling, generate, sample
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
-from trt_builder.spec.modes import FloatMode
+from trt_builder.spec.modes import FloatMode, SmoothQuant
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +140,93 @@ def test_the_batcher_runs_on_cuda_as_on_the_cpu(tiny_llama: Path, tmp_path: Path
     )
     cpu = generate(CheckpointRuntime.load(ck), requests, max_batch_size=3)
     assert generate(CheckpointRuntime.load(ck, "cuda"), requests, max_batch_size=3) == cpu
+
+
+#: 36 prompts of 1 to 24 tokens: more than DECODE_ROWS, so decoding spans several row blocks.
+MIXED = [[(7 * i + 13 * j) % 300 + 3 for j in range(1 + (5 * i) % 24)] for i in range(36)]
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 layers of SmolLM2-135M's width (hidden 576, 9 heads of 64, 3 KV heads): reductions
+    that wide choose their kernels by shape where hidden 64 does not (seen on the H200)."""
+    from tiny_models import make_tiny_llama
+
+    path = tmp_path_factory.mktemp("wide-llama")
+    make_tiny_llama(path, tokenizer_dir, hidden_size=576, intermediate_size=1536,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64)  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [FloatMode("float16"), FloatMode("bfloat16"), SmoothQuant(alpha=0.5),
+     SmoothQuant(alpha=0.5, per_token=False, kv_int8=True)],
+    ids=["float16", "bfloat16", "int8-sq", "int8-sq-tensor-kv8"],
+)  # fmt: skip
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_request_decodes_bit_for_bit_as_alone_whatever_shares_its_step(
+    mode: object, device: str, wide_llama: Path, tmp_path: Path
+) -> None:
+    """36 prompts of mixed lengths decoded together for 6 steps: every row's logits equal, bit
+    for bit, what the same prompt gets decoded alone; and the batcher's greedy answers, 36 at
+    a time, equal each request's answer alone. Before, the batch's caches were left-padded and
+    stacked into one forward: its GEMMs' shape and its attention's padded reductions changed
+    the last bits, which int8 rounding made another token (11 of 48 answers on the default
+    model)."""
+    from trt_builder.calibrate.stats import calibrate
+    from trt_builder.runtimes.checkpoint import KVCache
+    from trt_builder.spec.build import CalibrationOptions
+
+    calibration = None
+    if isinstance(mode, SmoothQuant):
+        calibration = tmp_path / "calibration"
+        calibration.mkdir()
+        calibrate(wide_llama, calibration, CalibrationOptions(samples=8, seq_len=64))
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    convert_checkpoint(wide_llama, ck, mode, calibration=calibration)  # type: ignore[arg-type]
+    runtime = CheckpointRuntime.load(ck, device)
+
+    def prefilled(prompts: list[list[int]]) -> tuple[list[KVCache], list[int]]:
+        caches = [KVCache() for _ in prompts]
+        firsts = [int(runtime.forward(torch.tensor(p), c, last=True)[-1].argmax())
+                  for p, c in zip(prompts, caches, strict=True)]  # fmt: skip
+        return caches, firsts
+
+    together, tokens = prefilled(MIXED)
+    alone = [prefilled([p]) for p in MIXED]
+    for _ in range(6):
+        batch = runtime.decode(tokens, together)
+        for row, (caches, token) in enumerate(alone):
+            single = runtime.decode(token, caches)
+            assert torch.equal(batch[row], single[0]), (row, (batch[row] - single[0]).abs().max())
+            token[0] = int(single[0].argmax())
+        tokens = batch.argmax(-1).tolist()
+    requests = [Request(tuple(p), 8) for p in MIXED]
+    assert generate(runtime, requests, max_batch_size=36) == [
+        generate(runtime, [r], max_batch_size=1)[0] for r in requests
+    ]
+
+
+def test_a_failing_prefill_fails_its_request_alone(runtime: CheckpointRuntime) -> None:
+    """A request whose forward raises (here: one the runtime cannot embed, its token past the
+    vocabulary) is dropped with StepFailed naming it; the requests running and waiting go on
+    and get their answers alone. Before, the reference backend failed every request."""
+    from trt_builder.runtimes.batching import StepFailed
+
+    batcher = InflightBatcher(runtime, max_batch_size=4)
+    good = [batcher.submit(Request(tuple(p), 5)) for p in PROMPTS[:2]]
+    bad = batcher.submit(Request((5, 10**6), 5))
+    late = batcher.submit(Request(tuple(PROMPTS[2]), 5))
+    out: dict[int, list[int]] = {rid: [] for rid in (*good, late)}
+    failed = []
+    while not batcher.idle:
+        try:
+            for event in batcher.step():
+                out[event.request].append(event.token)
+        except StepFailed as exc:
+            failed += exc.requests
+    assert failed == [bad]
+    want = [runtime.greedy(p, 5, set()) for p in PROMPTS[:3]]
+    assert [out[good[0]], out[good[1]], out[late]] == want

@@ -385,19 +385,20 @@ def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
 def test_the_reference_backend_refuses_what_it_cannot_run_before_it_joins_the_batch(
     tiny: dict[str, Any],
 ) -> None:
-    """Straight to tensorrt_llm (no preprocessing limits): a token outside the vocabulary, and
-    two prompts in one request, each refused alone while the others are served."""
+    """Straight to tensorrt_llm (no preprocessing limits): a token outside the vocabulary, two
+    prompts in one request, and a prompt + request_output_len past the build's max_seq_len
+    (2048), each refused alone while the others are served. Before, nothing checked it."""
     import numpy as np
     import tritonclient.http as http
 
     client = http.InferenceServerClient(tiny["plain"].http_url.removeprefix("http://"))
 
-    def ask(ids: list[list[int]]) -> Any:
+    def ask(ids: list[list[int]], tokens: int = 3) -> Any:
         batch = np.array(ids, dtype=np.int32)
         inputs = []
         for name, value in (("input_ids", batch),
                             ("input_lengths", np.full((len(ids), 1), batch.shape[1], np.int32)),
-                            ("request_output_len", np.full((len(ids), 1), 3, np.int32))):  # fmt: skip
+                            ("request_output_len", np.full((len(ids), 1), tokens, np.int32))):  # fmt: skip
             item = http.InferInput(name, list(value.shape), "INT32")
             item.set_data_from_numpy(value)
             inputs.append(item)
@@ -407,6 +408,9 @@ def test_the_reference_backend_refuses_what_it_cannot_run_before_it_joins_the_ba
         ask([[5, 99999]])
     with pytest.raises(Exception, match="one prompt per request"):
         ask([[5, 17], [42, 99]])
+    with pytest.raises(Exception, match=r"prompt \(3 tokens\) \+ request_output_len \(2046\) "
+                                        r"exceeds the build's max_seq_len 2048"):  # fmt: skip
+        ask([[5, 17, 42]], 2046)
     ids = ask([[5, 17, 42]]).as_numpy("output_ids")
     assert ids.reshape(-1).tolist() == tiny["runtime"].greedy([5, 17, 42], 3, set())
 
@@ -486,8 +490,8 @@ def test_in_a_plain_repository_a_short_request_finishes_while_a_long_one_runs(
         done[name] = time.monotonic()
 
     # 1000 tokens of this tiny model took under 0.5 s on an idle 2-core host, so the long one
-    # had ended before the short one was sent; 3000 take seconds (each step reads the whole cache)
-    long = threading.Thread(target=ask, args=("long", 3000))
+    # had ended before the short one was sent; 2000 take seconds (each step reads the whole cache)
+    long = threading.Thread(target=ask, args=("long", 2000))
     long.start()
     time.sleep(0.2)  # the long request is running
     ask("short", 3)
@@ -543,7 +547,7 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
 def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seconds(
     tiny: dict[str, Any], tmp_path: Path
 ) -> None:
-    """20 gRPC streams, each of 3000 tokens, cancelled by their clients after the first token
+    """20 gRPC streams, each of 2000 tokens, cancelled by their clients after the first token
     (tritonclient's stop_stream(cancel_requests=True)): the reference backend drops them, so a
     request sent afterwards is answered at once and SIGTERM ends the server within 10 s,
     unkilled. Before, generation went on for the vanished clients and SIGTERM took 30 s and a
@@ -561,7 +565,7 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
             first = threading.Event()
             client.start_stream(callback=lambda result, error, first=first: first.set())
             client.async_stream_infer(
-                "tensorrt_llm", _ids_request(grpc, [5, 17, 42], 3000, streaming=True)
+                "tensorrt_llm", _ids_request(grpc, [5, 17, 42], 2000, streaming=True)
             )
             clients.append((client, first))
         for client, first in clients:
@@ -681,7 +685,7 @@ def test_a_killed_model_process_ends_its_streams_and_serve_restarts_the_server(
 
         def client() -> None:
             results = stream_results(grpc.InferenceServerClient(grpc_url), "tensorrt_llm",
-                                     _ids_request(grpc, [5, 17, 42], 3000, streaming=True),
+                                     _ids_request(grpc, [5, 17, 42], 2000, streaming=True),
                                      timeout=60)  # fmt: skip
             next(results)
             started.wait()

@@ -4,15 +4,16 @@ ones (what TensorRT-LLM's batch manager does for an engine).
 
 A request is prefilled alone when it joins, in a step of its own (its prompt through the model,
 its first token from the last logits, sent at once). Every other step decodes one token for
-every running request in one batched forward: the requests' caches are left-padded to the
-longest and stacked, the padding hidden by the runtime's mask, and each request keeps its own
-cache back, one token longer. A request leaves the batch when it produces its end id, completes
+every running request in one batched forward (CheckpointRuntime.decode): the GEMMs over all of
+them on fixed blocks of rows, the attention of each over its own cache, which grows by one
+token; so a request's tokens are the same whatever else runs with it. A request leaves the batch when it produces its end id, completes
 a stop word, or reaches its `max_new_tokens`. Sampling follows TensorRT-LLM's request
 parameters: greedy for top_k 0 or 1 with top_p 0, else temperature, then top-k, then top-p,
 drawn from a generator seeded per request; bad words are masked before sampling.
 
 This is the reference backend's engine (a PyTorch reference, not TensorRT-LLM): what it computes
-is the checkpoint runtime's arithmetic, so a greedy answer equals CheckpointRuntime.greedy's.
+is the checkpoint runtime's arithmetic, so a greedy answer equals CheckpointRuntime.greedy's,
+bit for bit, at any load.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from ..core.errors import InputError
 from .checkpoint import CheckpointRuntime, KVCache
@@ -81,6 +81,15 @@ class Event:
     reason: str | None = None  # "end_id" | "stop_word" | "length"
 
 
+class StepFailed(Exception):
+    """A step's forward raised: the requests it held (`requests`, ids) are dropped from the
+    batch; the others go on at the next step."""
+
+    def __init__(self, requests: list[int], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.requests = requests
+
+
 @dataclass
 class _Running:
     id: int
@@ -120,18 +129,6 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator)
         scores[order[drop]] = float("-inf")
     probs = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probs.float(), 1, generator=generator))
-
-
-def _stack(caches: list[KVCache]) -> tuple[KVCache, list[int]]:
-    """One cache for a batch: each request's left-padded to the longest; and the pads."""
-    longest = max(c.length for c in caches)
-    pads = [longest - c.length for c in caches]
-    layers = len(caches[0].keys)
-    keys = [torch.cat([F.pad(c.keys[i], (0, 0, p, 0)) for c, p in zip(caches, pads, strict=True)])
-            for i in range(layers)]  # fmt: skip
-    values = [torch.cat([F.pad(c.values[i], (0, 0, p, 0)) for c, p in zip(caches, pads, strict=True)])
-              for i in range(layers)]  # fmt: skip
-    return KVCache(keys, values, torch.tensor(pads, device=keys[0].device)), pads
 
 
 class InflightBatcher:
@@ -183,26 +180,29 @@ class InflightBatcher:
         """One step: admit the first waiting request if the batch has room (its prompt through
         the model, its first token chosen at once, so that a joining request's first token
         waits for no other's prefill), else decode one token for every running request in one
-        batched forward. The tokens chosen, in running order."""
+        batched forward. The tokens chosen, in running order; StepFailed, with the requests
+        dropped, if the forward raised."""
         if self.waiting and len(self.running) < self.max_batch_size:
             rid, request = self.waiting.popleft()
             generator = torch.Generator().manual_seed(request.sampling.seed)
             run = _Running(rid, request, KVCache(), [], generator)
-            logits = self.runtime.forward(torch.tensor(request.prompt), run.cache, last=True)
-            event = self._choose(run, logits[-1])
+            try:
+                logits = self.runtime.forward(torch.tensor(request.prompt), run.cache, last=True)
+                event = self._choose(run, logits[-1])
+            except Exception as exc:  # this request's prefill: only it fails
+                raise StepFailed([rid], exc) from exc
             if not event.finished:
                 self.running.append(run)
             return [event]
         if not self.running:
             return []
-        batch, pads = _stack([run.cache for run in self.running])
-        ids = torch.tensor([[run.tokens[-1]] for run in self.running])
-        logits = self.runtime.forward(ids, batch)[:, -1]
-        events = []
-        for row, (run, pad) in enumerate(zip(self.running, pads, strict=True)):
-            run.cache = KVCache([k[row : row + 1, :, pad:] for k in batch.keys],
-                                [v[row : row + 1, :, pad:] for v in batch.values])  # fmt: skip
-            events.append(self._choose(run, logits[row]))
+        try:
+            logits = self.runtime.decode([run.tokens[-1] for run in self.running],
+                                         [run.cache for run in self.running])  # fmt: skip
+            events = [self._choose(run, logits[row]) for row, run in enumerate(self.running)]
+        except Exception as exc:  # every running request was in it; the waiting ones go on
+            failed, self.running = [run.id for run in self.running], []
+            raise StepFailed(failed, exc) from exc
         self.running = [r for r, e in zip(self.running, events, strict=True) if not e.finished]
         return events
 

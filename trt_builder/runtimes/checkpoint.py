@@ -58,6 +58,13 @@ _ACTIVATIONS: dict[str, Any] = {
     "relu": F.relu,
 }
 
+#: Decoding runs its float GEMMs on blocks of exactly this many rows (the last one zero-padded), so
+#: that a sequence's logits never depend on how many others share its step: BLAS picks kernels by
+#: shape (on the CPU, measured: MKL gives one row, two or three rows, and four or more rows
+#: different roundings; cuBLAS's choice depends on M too), and int8 rounding amplifies a
+#: last-bit difference into another token.
+DECODE_ROWS = 8
+
 #: Linears trtllm-build quantizes for W8A16 (TensorRT-LLM's weight_only_quantize_dict).
 WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
 
@@ -72,6 +79,24 @@ def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         .clamp(min=torch.finfo(dtype).tiny)
     )
     return torch.clamp(torch.round(w / scale), -128, 127) * scale
+
+
+def _fixed_rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., k] @ weight.T [k, n], computed on blocks of exactly DECODE_ROWS rows of x."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    padded = F.pad(flat, (0, 0, 0, -rows % DECODE_ROWS))
+    out = torch.cat([block @ weight.T for block in padded.split(DECODE_ROWS)])
+    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _in_blocks(fn: Any, x: torch.Tensor) -> torch.Tensor:
+    """fn over x [rows, ...] in blocks of exactly DECODE_ROWS rows (the last zero-padded): a
+    reduction's kernel, like a GEMM's, is chosen by shape (on CUDA, measured: a norm over one
+    row and over eight rounds differently)."""
+    rows = x.shape[0]
+    padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, -rows % DECODE_ROWS))
+    return torch.cat([fn(block) for block in padded.split(DECODE_ROWS)])[:rows]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -161,10 +186,13 @@ class CheckpointRuntime:
         """Store x as the engine would (checkpoint dtype), keep computing in float32."""
         return x if self.dtype == torch.float32 else x.to(self.dtype).float()
 
-    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, name: str, *, fixed: bool = False) -> torch.Tensor:
+        """x @ W.T (+ bias) as the engine stores it; `fixed`: on blocks of DECODE_ROWS rows
+        (the SmoothQuant GEMM needs none: its int32 accumulation is exact at any shape)."""
         if self.smoothquant and self.w[name + ".weight"].dtype == torch.int8:
             return self._sq_linear(x, name)
-        y = x @ self._dense[name + ".weight"].T
+        weight = self._dense[name + ".weight"]
+        y = _fixed_rows_matmul(x, weight) if fixed else x @ weight.T
         bias = self._dense.get(name + ".bias")
         return self._round(y if bias is None else y + bias)
 
@@ -240,6 +268,36 @@ class CheckpointRuntime:
         attn = self._round(attn.transpose(1, 2).reshape(b, t, q_dim))
         return self._linear(attn, f"{p}.dense")
 
+    def _attention_rows(
+        self, i: int, h: torch.Tensor, caches: list[KVCache], positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention for one new token of each sequence, h [batch, 1, hidden]: the GEMMs on
+        fixed row blocks, each row's attention over its own cache alone (no padding: a padded
+        batch would change every row's reductions)."""
+        p = f"transformer.layers.{i}.attention"
+        qkv = self._linear(h, f"{p}.qkv", fixed=True)
+        b = h.shape[0]
+        q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
+        q = qkv[..., :q_dim].reshape(b, 1, self.heads, self.head).transpose(1, 2)
+        k = qkv[..., q_dim : q_dim + kv_dim].reshape(b, 1, self.kv_heads, self.head).transpose(1, 2)
+        v = qkv[..., q_dim + kv_dim :].reshape(b, 1, self.kv_heads, self.head).transpose(1, 2)
+        if self.qk_norm:
+            q = _in_blocks(lambda t: self._norm(t, f"{p}.q_layernorm"), q)
+            k = _in_blocks(lambda t: self._norm(t, f"{p}.k_layernorm"), k)
+        if not self.learned_positions:
+            q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        rows = []
+        for row, cache in enumerate(caches):
+            k_row, v_row = k[row : row + 1], v[row : row + 1]
+            past_k, past_v = cache.keys[i], cache.values[i]
+            cache.keys[i] = torch.cat((past_k, self._kv_store(i, k_row)), dim=2)
+            cache.values[i] = torch.cat((past_v, self._kv_store(i, v_row)), dim=2)
+            rows.append(F.scaled_dot_product_attention(
+                q[row : row + 1], torch.cat((past_k, k_row), dim=2),
+                torch.cat((past_v, v_row), dim=2), enable_gqa=True))  # fmt: skip
+        attn = self._round(torch.cat(rows).transpose(1, 2).reshape(b, 1, q_dim))
+        return self._linear(attn, f"{p}.dense", fixed=True)
+
     def _kv_store(self, i: int, x: torch.Tensor) -> torch.Tensor:
         if not self.kv_int8:
             return x
@@ -258,12 +316,12 @@ class CheckpointRuntime:
         own = keys[None, None, :] == torch.arange(past, total, device=self.device)[None, :, None]
         return (visible | own)[:, None]
 
-    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, i: int, h: torch.Tensor, *, fixed: bool = False) -> torch.Tensor:
         p = f"transformer.layers.{i}.mlp"
-        act = self.act(self._linear(h, f"{p}.fc"))  # type: ignore[misc]
+        act = self.act(self._linear(h, f"{p}.fc", fixed=fixed))  # type: ignore[misc]
         if self.gated:
-            act = act * self._linear(h, f"{p}.gate")
-        return self._linear(self._round(act), f"{p}.proj")
+            act = act * self._linear(h, f"{p}.gate", fixed=fixed)
+        return self._linear(self._round(act), f"{p}.proj", fixed=fixed)
 
     @torch.inference_mode()
     def forward(
@@ -311,6 +369,32 @@ class CheckpointRuntime:
         return logits[0] if single else logits
 
     @torch.inference_mode()
+    def decode(self, tokens: list[int], caches: list[KVCache]) -> torch.Tensor:
+        """Logits [len(tokens), vocab] (float32) of the next token of each of several sequences,
+        each fed its last token after what its own cache holds (the caches of unpadded,
+        single-sequence forwards; each gets the token appended). Batch-invariant: a sequence's
+        logits are bit for bit those it gets decoded alone, whatever shares the step (float
+        GEMMs and norms on DECODE_ROWS-row blocks, attention row by row)."""
+        ids = torch.tensor(tokens, device=self.device)[:, None]
+        positions = torch.tensor([[c.length] for c in caches], device=self.device)
+        assert all(c.pad is None or not bool(c.pad.any()) for c in caches), "padded cache"
+        x = self._dense["transformer.vocab_embedding.weight"][ids]
+        if self.learned_positions:
+            x = x + self._dense["transformer.position_embedding.weight"][positions]
+        x = self._round(x)
+
+        def norm(t: torch.Tensor, name: str) -> torch.Tensor:
+            return _in_blocks(lambda block: self._norm(block, name), t)
+
+        for i in range(self.layers):
+            lp = f"transformer.layers.{i}"
+            h = norm(x, f"{lp}.input_layernorm")
+            x = self._round(x + self._attention_rows(i, h, caches, positions))
+            x = self._round(x + self._mlp(i, norm(x, f"{lp}.post_layernorm"), fixed=True))
+        x = norm(x, "transformer.ln_f")
+        return _fixed_rows_matmul(x[:, 0], self._dense["lm_head.weight"]).float()
+
+    @torch.inference_mode()
     def forward_decoded(self, ids: torch.Tensor, prefix: int) -> torch.Tensor:
         """Logits for a batch of `ids` [batch, tokens] as generation computes them: the first
         `prefix` tokens in one prefill, every later one fed alone through the KV cache (where
@@ -329,23 +413,21 @@ class CheckpointRuntime:
     def greedy_batch(
         self, prompts: list[list[int]], max_new_tokens: int, end_ids: set[int], pad_id: int = 0
     ) -> list[list[int]]:
-        """Greedy continuations of a batch of prompts (left-padded, one KV cache); each stops
-        after its first end id."""
-        width = max(len(p) for p in prompts)
-        pad = torch.tensor([width - len(p) for p in prompts])
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-        cache = KVCache()
-        logits = self.forward(ids, cache, pad=pad)[:, -1]
+        """Greedy continuations of a batch of prompts, each stopping after its first end id:
+        each prompt prefilled alone, then decoded together (decode: the same tokens as each
+        alone, and as the reference backend answers at any load). Nothing is padded, so
+        `pad_id` (the runtimes' common signature) is not used."""
+        caches = [KVCache() for _ in prompts]
+        logits = torch.stack([self.forward(torch.tensor(p), c, last=True)[-1]
+                              for p, c in zip(prompts, caches, strict=True)])  # fmt: skip
         out: list[list[int]] = [[] for _ in prompts]
-        done = [False] * len(prompts)
+        active = list(range(len(prompts)))
         for _ in range(max_new_tokens):
             tokens = logits.argmax(-1).tolist()
-            for row, token in enumerate(tokens):
-                if not done[row]:
-                    out[row].append(token)
-                    done[row] = token in end_ids
-            if all(done):
+            for row, token in zip(active, tokens, strict=True):
+                out[row].append(token)
+            active = [r for r, t in zip(active, tokens, strict=True) if t not in end_ids]
+            if not active or len(out[active[0]]) >= max_new_tokens:
                 break
-            step = torch.tensor([[t] for t in tokens])
-            logits = self.forward(step, cache)[:, -1]
+            logits = self.decode([out[r][-1] for r in active], [caches[r] for r in active])
         return out

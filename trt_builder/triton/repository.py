@@ -239,9 +239,8 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
         },
     )
     if reference:  # the checkpoint beside model.py, where torch finds a GPU or on the CPU
-        _params(
-            llm, {"checkpoint_dir": "checkpoint", "device": "auto", "implementation": REFERENCE}
-        )
+        _params(llm, {"checkpoint_dir": "checkpoint", "device": "auto",
+                      "implementation": REFERENCE, "max_seq_len": str(opts.max_seq_len)})  # fmt: skip
         del llm.parameters["gpt_model_path"]
     post = mc.ModelConfig(
         name="postprocessing",

@@ -11,6 +11,7 @@ stream; a non-decoupled one refuses `streaming`, as the tensorrtllm backend does
 """
 
 import json
+import queue
 import threading
 import time
 from pathlib import Path
@@ -37,9 +38,10 @@ def scalar(inputs, name, kind, default):
     return default if value is None else kind(np.asarray(value).reshape(-1)[0])
 
 
-def make_request(inputs, vocab_size):
+def make_request(inputs, vocab_size, max_seq_len=0):
     """A batching.Request and whether to stream, from one request's input arrays (by name);
-    ValueError for what the model cannot run, before it joins the batch."""
+    ValueError for what the model cannot run (`max_seq_len`: the build's, as an engine holds
+    it; 0 for no limit), before it joins the batch."""
     from trt_builder.runtimes.batching import Request, Sampling
 
     ids = np.asarray(inputs["input_ids"])
@@ -61,9 +63,15 @@ def make_request(inputs, vocab_size):
         temperature=scalar(inputs, "temperature", float, 1.0),
         seed=scalar(inputs, "seed", int, 0),
     )
+    output_len = scalar(inputs, "request_output_len", int, 0)
+    if max_seq_len and length + output_len > max_seq_len:
+        raise ValueError(
+            f"prompt ({length} tokens) + request_output_len ({output_len}) exceeds the build's "
+            f"max_seq_len {max_seq_len}: lower request_output_len or shorten the prompt"
+        )
     request = Request(
         prompt=tuple(int(i) for i in ids[:length]),
-        max_new_tokens=scalar(inputs, "request_output_len", int, 0),
+        max_new_tokens=output_len,
         end_id=scalar(inputs, "end_id", int, None),
         stop_words=words(inputs.get("stop_words_list")),
         bad_words=words(inputs.get("bad_words_list")),
@@ -108,9 +116,12 @@ class TritonPythonModel:
             f"tensorrt_llm: trt-builder's reference backend (PyTorch, not TensorRT-LLM) on {device}"
         )
         self.vocab_size = int(runtime.config["vocab_size"])
+        self.max_seq_len = int(params.get("max_seq_len") or 0)  # older repositories: none
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.batcher = InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"]))
-        self.lock = threading.Lock()
+        # execute() only puts requests here; the worker alone touches the batch, so a request
+        # is never held up behind another's step
+        self.inbox = queue.SimpleQueue()
         self.wake = threading.Event()
         self.stopping = False
         self.polled = 0.0  # when _cancelled last asked
@@ -129,16 +140,23 @@ class TritonPythonModel:
         return found
 
     def _submit(self, request, sender):
-        parsed, stream = make_request(self._inputs(request), self.vocab_size)
+        parsed, stream = make_request(self._inputs(request), self.vocab_size, self.max_seq_len)
         if stream and not self.decoupled:  # the tensorrtllm backend's refusal, in its words
             raise ValueError(
                 "Streaming is only supported if model is deployed using decoupled mode "
                 "(package the repository with [triton] streaming = true)"
             )
-        with self.lock:
-            rid = self.batcher.submit(parsed)
-            self.active[rid] = (sender, stream, [], request)
+        self.inbox.put((parsed, sender, stream, request))
         self.wake.set()
+
+    def _admit(self):
+        """Move what execute() received into the batch (the worker's thread)."""
+        while True:
+            try:
+                parsed, sender, stream, request = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self.active[self.batcher.submit(parsed)] = (sender, stream, [], request)
 
     def execute(self, requests):
         """Hand each request to the batch and return at once, in both transaction policies:
@@ -198,52 +216,43 @@ class TritonPythonModel:
         if now - self.polled < CANCEL_POLL_S:
             return
         self.polled = now
-        with self.lock:
-            gone = [rid for rid, entry in self.active.items() if _is_cancelled(entry[3])]
-            senders = []
-            for rid in gone:
-                senders.append(self.active.pop(rid)[0])
-                self.batcher.cancel(rid)
+        gone = [rid for rid, entry in self.active.items() if _is_cancelled(entry[3])]
+        senders = []
+        for rid in gone:
+            senders.append(self.active.pop(rid)[0])
+            self.batcher.cancel(rid)
         self._fail(senders, "cancelled", getattr(pb_utils.TritonError, "CANCELLED", None))
 
     def _loop(self):
+        from trt_builder.runtimes.batching import StepFailed
+
         while not self.stopping:
+            self._admit()
             self._cancelled()
-            with self.lock:
-                idle = self.batcher.idle
-            if idle:
+            if self.batcher.idle:
                 self.wake.wait(timeout=0.5)
                 self.wake.clear()
                 continue
             try:
-                with self.lock:
-                    events = self.batcher.step()
-                    updates = []
-                    for event in events:
-                        sender, stream, tokens, _ = self.active[event.request]
-                        tokens.append(event.token)
-                        if event.finished:
-                            del self.active[event.request]
-                        updates.append((event, sender, stream, tokens))
-            except Exception as exc:  # the model itself failed: every running request hears it
-                with self.lock:
-                    failed, self.active = self.active, {}
-                    self.batcher.running.clear()
-                    self.batcher.waiting.clear()
-                self._fail([entry[0] for entry in failed.values()], str(exc))
+                events = self.batcher.step()
+            except StepFailed as exc:  # only the requests in the failed step hear it
+                self._fail([self.active.pop(rid)[0] for rid in exc.requests], str(exc))
                 continue
-            for event, sender, stream, tokens in updates:
+            for event in events:
+                sender, stream, tokens, _ = self.active[event.request]
+                tokens.append(event.token)
+                if event.finished:
+                    del self.active[event.request]
                 try:
                     self._send(event, sender, stream, tokens)
                 except Exception:  # a client that went away: drop its request, serve the rest
-                    with self.lock:
-                        self.active.pop(event.request, None)
-                        self.batcher.cancel(event.request)
+                    self.active.pop(event.request, None)
+                    self.batcher.cancel(event.request)
 
     def finalize(self):
         self.stopping = True
         self.wake.set()
         self.worker.join(timeout=5)
-        with self.lock:
-            pending, self.active = self.active, {}
+        self._admit()
+        pending, self.active = self.active, {}
         self._fail([entry[0] for entry in pending.values()], "the model is being unloaded")
