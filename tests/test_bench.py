@@ -214,6 +214,8 @@ def test_a_repository_that_cannot_stream_or_load_is_refused(
     err = capsys.readouterr().err
     assert code == 12 and "tensorrt_llm" in err and "Traceback" not in err
     assert not out.exists() and not out.with_suffix(".html").exists()
+    log = out.with_suffix(".tritonserver.log")  # where the error points: kept, not deleted
+    assert f"(log: {log})" in " ".join(err.split()) and "failed to load" in log.read_text()
 
 
 def _bench_fleet(tmp_path: Path, model: Path, bench: str, streaming: str = "true") -> Path:
@@ -301,3 +303,26 @@ def test_a_throughput_drop_fails_the_night_and_names_the_metric(
     (row,) = [line for line in md.splitlines() if line.startswith("| `tiny/f32` | served by")]
     assert "a PyTorch reference, not TensorRT-LLM | concurrency 1 |" in row
     assert f"(was {3 * tok_s:.2f})" in row.split(" | ")[3]
+
+
+def test_a_point_that_never_ends_is_killed_with_its_workers(tmp_path: Path) -> None:
+    """A load generator that hangs (a wedged server) is ended after the point's timeout, with
+    the workers it started, and the run says so in one line naming its kept log."""
+    import subprocess
+    import sys
+    import time
+
+    from trt_builder.bench.loadgen import run_point
+    from trt_builder.core.errors import TritonError
+
+    pid_file = tmp_path / "worker.pid"
+    hang = (f"import subprocess, time; w = subprocess.Popen(['sleep', '300']); "
+            f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(300)")  # fmt: skip
+    keep = tmp_path / "r.aiperf.log"
+    started = time.monotonic()
+    with pytest.raises(TritonError, match=r"did not finish this point within 2 s.*r\.aiperf\.log"):
+        run_point([sys.executable, "-c", hang], tmp_path / "point", keep, timeout=2)
+    assert time.monotonic() - started < 20 and keep.is_file()
+    worker = int(pid_file.read_text())
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(worker)], capture_output=True, text=True)
+    assert state.stdout.strip() in ("", "Z"), state.stdout  # gone (or dead, not yet reaped)

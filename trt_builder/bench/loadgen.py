@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -109,9 +110,18 @@ def command(
     return argv
 
 
-def run_point(argv: list[str], out: Path, keep_log: Path) -> dict[str, Any]:
+#: One request of a bench gets this long (aiperf's own default is 6 hours), and a whole point
+#: POINT_TIMEOUT_S plus its --duration: a wedged server must not hang bench or the nightly.
+REQUEST_TIMEOUT_S = 600
+POINT_TIMEOUT_S = 1800.0
+
+
+def run_point(
+    argv: list[str], out: Path, keep_log: Path, timeout: float = POINT_TIMEOUT_S
+) -> dict[str, Any]:
     """Run aiperf for one point; its figures (`parse`). TritonError when no request of the
-    point was answered (aiperf then writes no figures), with aiperf's own reason; its log is
+    point was answered (aiperf then writes no figures), with aiperf's own reason, or when the
+    point takes longer than `timeout` seconds (aiperf and its workers are killed); its log is
     kept at `keep_log` then."""
     out.mkdir(parents=True, exist_ok=True)
     # nothing left in /tmp: its dataset maps and the directories each of its processes makes
@@ -120,12 +130,30 @@ def run_point(argv: list[str], out: Path, keep_log: Path) -> dict[str, Any]:
     # always a local directory here, which it loads without the hub when not told offline
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         env.pop(name, None)
+    argv = [*argv, "--request-timeout-seconds", str(REQUEST_TIMEOUT_S)]
     with open(out / "aiperf.log", "w") as log:
-        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        # a session of its own: on a timeout, its worker processes go with it
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)  # fmt: skip
+        try:
+            code = process.wait(timeout=timeout)
+        except BaseException:  # the timeout, or Ctrl-C: no aiperf process is left behind
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+            code = None
     export = out / "profile_export_aiperf.json"
     if code != 0 or not export.is_file():
         keep_log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "aiperf.log", keep_log)
+        if code is None:
+            raise TritonError(
+                f"the load generator did not finish this point within {timeout:g} s: the "
+                f"deployment answers too slowly or not at all; check it with trt-builder infer, "
+                f"or ask for fewer --requests (aiperf's log: {keep_log})"
+            )
         raise TritonError(
             f"the load generator got no answer at this point ({_last_error(keep_log)}): check "
             f"the deployment with trt-builder infer (aiperf's log: {keep_log})"

@@ -22,7 +22,7 @@ from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
 from ..triton.repository import validate_repository
 from .figures import summarize
-from .loadgen import command, find_aiperf, run_point
+from .loadgen import POINT_TIMEOUT_S, command, find_aiperf, run_point
 from .options import BenchOptions
 from .prompts import write_prompts
 
@@ -81,9 +81,10 @@ def _free_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def deployment(target: str, model: str, log_dir: Path) -> Iterator[tuple[str, Path | None]]:
+def deployment(target: str, model: str, log: Path) -> Iterator[tuple[str, Path | None]]:
     """(HTTP URL, the repository's tokenizer or None) of `target`: a URL as it is, or a
-    repository directory served by a tritonserver for the duration (stopped afterwards)."""
+    repository directory served by a tritonserver for the duration (stopped afterwards), its
+    log at `log` (kept: the errors that name it point there)."""
     if "://" in target:
         yield target.rstrip("/"), None
         return
@@ -98,7 +99,8 @@ def deployment(target: str, model: str, log_dir: Path) -> Iterator[tuple[str, Pa
             "tokens: package with [triton] streaming = true (trt-builder package --config)"
         )
     ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))
-    with triton_server.start(repository, log=log_dir / "tritonserver.log", **ports) as server:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with triton_server.start(repository, log=log, **ports) as server:
         yield server.http_url, repository / "preprocessing" / "tokenizer"
 
 
@@ -118,7 +120,8 @@ def bench(
     work = Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
     try:
         prompts = write_prompts(options, work)
-        with deployment(target, options.model, work) as (url, served_tokenizer):
+        served = deployment(target, options.model, out.with_suffix(".tritonserver.log"))
+        with served as (url, served_tokenizer):
             serving = check_deployment(url, options.model)
             tok = tokenizer or served_tokenizer
             if tok is None or not Path(tok).is_dir():
@@ -135,7 +138,9 @@ def bench(
                     point_dir = work / f"{mode}-{load:g}-{repeat}"
                     argv = command(aiperf, options, mode, load, url=url, tokenizer=Path(tok),
                                    prompts=prompts, out=point_dir, seed=options.seed + repeat)  # fmt: skip
-                    repeats.append(run_point(argv, point_dir, out.with_suffix(".aiperf.log")))
+                    timeout = POINT_TIMEOUT_S + (options.duration or 0.0)
+                    repeats.append(run_point(argv, point_dir, out.with_suffix(".aiperf.log"),
+                                             timeout))  # fmt: skip
                 points.append({"mode": mode, "load": load, "repeats": repeats,
                                "summary": summarize(repeats)})  # fmt: skip
         result = {

@@ -415,9 +415,9 @@ def _wait_ready(server: Server, timeout: float) -> None:
             if busy:  # taken between check_ports and the server's bind
                 raise InputError(f"tritonserver could not listen: {busy.group(0)}: choose other "
                                  "ports (--http-port, --grpc-port, --metrics-port)")  # fmt: skip
-            raise TritonError(load_failure(text) or f"tritonserver exited with "
-                              f"{server.process.returncode}: "
-                              f"{' | '.join(text.strip().splitlines()[-3:])} (log: {server.log})")  # fmt: skip
+            why = load_failure(text) or (f"tritonserver exited with {server.process.returncode}: "
+                                         f"{' | '.join(text.strip().splitlines()[-3:])}")  # fmt: skip
+            raise TritonError(f"{why} (log: {server.log})")
         if _ready(server.http_url) and server.process.poll() is None:  # ours answered
             return
         time.sleep(0.5)
