@@ -590,6 +590,7 @@ class _Serve:
     what it prints so far, and the processes of the tritonserver it runs now."""
 
     def __init__(self, repository: Path, tmp_path: Path) -> None:
+        import os
         import subprocess
         import sys
 
@@ -598,8 +599,9 @@ class _Serve:
         self.said = tmp_path / "serve.err"
         argv = [sys.executable, "-m", "trt_builder.cli.main", "serve", str(repository),
                 *(f"--{k.replace('_', '-')}={v}" for k, v in self.ports.items())]  # fmt: skip
+        env = {**os.environ, "TMPDIR": str(tmp_path)}  # serve's server logs go there, not /tmp
         with open(self.said, "w") as out:
-            self.process = subprocess.Popen(argv, stderr=out, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(argv, stderr=out, stdin=subprocess.DEVNULL, env=env)
 
     @property
     def lines(self) -> list[str]:
