@@ -81,15 +81,6 @@ def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.clamp(torch.round(w / scale), -128, 127) * scale
 
 
-def _fixed_rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., k] @ weight.T [k, n], computed on blocks of exactly DECODE_ROWS rows of x."""
-    flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    padded = F.pad(flat, (0, 0, 0, -rows % DECODE_ROWS))
-    out = torch.cat([block @ weight.T for block in padded.split(DECODE_ROWS)])
-    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
-
-
 def _in_blocks(fn: Any, x: torch.Tensor) -> torch.Tensor:
     """fn over x [rows, ...] in blocks of exactly DECODE_ROWS rows (the last zero-padded): a
     reduction's kernel, like a GEMM's, is chosen by shape (on CUDA, measured: a norm over one
@@ -97,6 +88,12 @@ def _in_blocks(fn: Any, x: torch.Tensor) -> torch.Tensor:
     rows = x.shape[0]
     padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, -rows % DECODE_ROWS))
     return torch.cat([fn(block) for block in padded.split(DECODE_ROWS)])[:rows]
+
+
+def _fixed_rows_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., k] @ weight.T [k, n], on blocks of exactly DECODE_ROWS rows of x."""
+    flat = _in_blocks(lambda block: block @ weight.T, x.reshape(-1, x.shape[-1]))
+    return flat.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -237,20 +234,32 @@ class CheckpointRuntime:
         out = xr * emb.cos() + _rotate_half(xr) * emb.sin()
         return torch.cat((out, xp), dim=-1)
 
-    def _attention(
-        self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor
-    ) -> torch.Tensor:
-        p = f"transformer.layers.{i}.attention"
-        qkv = self._linear(h, f"{p}.qkv")
+    def _qkv(
+        self, p: str, h: torch.Tensor, positions: torch.Tensor, *, fixed: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [batch, heads, tokens, head] of h [batch, tokens, hidden], q/k-normed and
+        rotated; `fixed`: the GEMM and the norms on DECODE_ROWS-row blocks (decode)."""
+        qkv = self._linear(h, f"{p}.qkv", fixed=fixed)
         b, t = h.shape[:2]
         q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
         q = qkv[..., :q_dim].reshape(b, t, self.heads, self.head).transpose(1, 2)
         k = qkv[..., q_dim : q_dim + kv_dim].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
         v = qkv[..., q_dim + kv_dim :].reshape(b, t, self.kv_heads, self.head).transpose(1, 2)
         if self.qk_norm:
-            q, k = self._norm(q, f"{p}.q_layernorm"), self._norm(k, f"{p}.k_layernorm")
+            blocks = _in_blocks if fixed else (lambda fn, x: fn(x))
+            q = blocks(lambda x: self._norm(x, f"{p}.q_layernorm"), q)
+            k = blocks(lambda x: self._norm(x, f"{p}.k_layernorm"), k)
         if not self.learned_positions:
             q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        return q, k, v
+
+    def _attention(
+        self, i: int, h: torch.Tensor, cache: KVCache, positions: torch.Tensor
+    ) -> torch.Tensor:
+        p = f"transformer.layers.{i}.attention"
+        q, k, v = self._qkv(p, h, positions)
+        b, t = h.shape[:2]
+        q_dim = self.heads * self.head
         # The INT8 KV cache holds round(k / s) and reads back int8 * s; the tokens of this step
         # attend to their own K/V unquantized, as the engine does.
         stored_k, stored_v = self._kv_store(i, k), self._kv_store(i, v)
@@ -275,17 +284,8 @@ class CheckpointRuntime:
         fixed row blocks, each row's attention over its own cache alone (no padding: a padded
         batch would change every row's reductions)."""
         p = f"transformer.layers.{i}.attention"
-        qkv = self._linear(h, f"{p}.qkv", fixed=True)
-        b = h.shape[0]
-        q_dim, kv_dim = self.heads * self.head, self.kv_heads * self.head
-        q = qkv[..., :q_dim].reshape(b, 1, self.heads, self.head).transpose(1, 2)
-        k = qkv[..., q_dim : q_dim + kv_dim].reshape(b, 1, self.kv_heads, self.head).transpose(1, 2)
-        v = qkv[..., q_dim + kv_dim :].reshape(b, 1, self.kv_heads, self.head).transpose(1, 2)
-        if self.qk_norm:
-            q = _in_blocks(lambda t: self._norm(t, f"{p}.q_layernorm"), q)
-            k = _in_blocks(lambda t: self._norm(t, f"{p}.k_layernorm"), k)
-        if not self.learned_positions:
-            q, k = self._round(self._rope(q, positions)), self._round(self._rope(k, positions))
+        q, k, v = self._qkv(p, h, positions, fixed=True)
+        b, q_dim = h.shape[0], self.heads * self.head
         rows = []
         for row, cache in enumerate(caches):
             k_row, v_row = k[row : row + 1], v[row : row + 1]
