@@ -108,6 +108,10 @@ _INPUTS = (
     ("streaming", "TYPE_BOOL", (1,), True),
     ("stop_words_list", "TYPE_INT32", (2, -1), True),
     ("bad_words_list", "TYPE_INT32", (2, -1), True),
+    # true: cancel the requests that carry this request's id (ModelInstanceState::
+    # handleStopRequest, BE c2e65b8 model_instance_state.cc:871; template line 293 there and at
+    # TL 2a9abd95): how upstream's BLS stops its child request
+    ("stop", "TYPE_BOOL", (1,), True),
 )
 _OUTPUTS = (
     ("output_ids", "TYPE_INT32", (-1, -1), False),

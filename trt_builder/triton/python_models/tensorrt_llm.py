@@ -94,7 +94,7 @@ def _is_cancelled(request):
 
 INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id",
           "runtime_top_k", "runtime_top_p", "temperature", "seed", "streaming",
-          "stop_words_list", "bad_words_list")  # fmt: skip
+          "stop_words_list", "bad_words_list", "stop")  # fmt: skip
 
 
 class TritonPythonModel:
@@ -140,7 +140,14 @@ class TritonPythonModel:
         return found
 
     def _submit(self, request, sender):
-        parsed, stream = make_request(self._inputs(request), self.vocab_size, self.max_seq_len)
+        inputs = self._inputs(request)
+        if scalar(inputs, "stop", bool, False):  # the tensorrtllm backend's stop request
+            if not request.request_id():
+                raise ValueError("Trying to stop a request but request ID is not provided")
+            self.inbox.put((None, sender, False, request))
+            self.wake.set()
+            return
+        parsed, stream = make_request(inputs, self.vocab_size, self.max_seq_len)
         if stream and not self.decoupled:  # the tensorrtllm backend's refusal, in its words
             raise ValueError(
                 "Streaming is only supported if model is deployed using decoupled mode "
@@ -156,7 +163,29 @@ class TritonPythonModel:
                 parsed, sender, stream, request = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            self.active[self.batcher.submit(parsed)] = (sender, stream, [], request)
+            if parsed is None:
+                self._stop(request.request_id(), sender)
+            else:
+                self.active[self.batcher.submit(parsed)] = (sender, stream, [], request)
+
+    def _stop(self, request_id, sender):
+        """A stop request, as the tensorrtllm backend answers one (handleStopRequest: the
+        executor's cancelRequest for each request with its id, then an empty final response,
+        also when none was running, as it may have just finished). A stopped request's stream
+        ends there: a final response without an error, as the executor ends a cancelled one."""
+        import triton_python_backend_utils as pb_utils
+
+        gone = [rid for rid, entry in self.active.items() if entry[3].request_id() == request_id]
+        for rid in gone:
+            self.batcher.cancel(rid)
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        ends = [(self.active.pop(rid)[0], None) for rid in gone]
+        ends.append((sender, pb_utils.InferenceResponse(output_tensors=[])))
+        for to, response in ends:
+            try:
+                to.send(response, flags=final)
+            except Exception:  # its client is gone
+                pass
 
     def execute(self, requests):
         """Hand each request to the batch and return at once, in both transaction policies:
