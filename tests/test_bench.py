@@ -188,6 +188,7 @@ def test_a_sweep_against_a_served_repository(
     page = out.with_suffix(".html").read_text()
     assert page.count("<svg") == 2 and "concurrency 2" in page and "rate 4" in page
     assert result["tools"]["aiperf"] == "0.13.0" and result["url"].startswith("http://127.0.0.1:")
+    assert result["options"]["model"] == "tensorrt_llm_bls"  # the whole-text model, unasked
     ours = ("trt-builder-bench-", "aiperf", "tritonserver-")  # what a bench would leave there
     new = set(Path(tempfile.gettempdir()).iterdir()) - before
     left = [p for p in new if p.name.startswith(ours) or (p / "aiperf").exists()]

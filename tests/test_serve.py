@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from trt_builder.cli.main import main
@@ -104,29 +105,44 @@ def test_verify_passes_against_the_served_repository(
         assert report["greedy_agreement"] == 1.0 and report["runtime"] == "triton"
 
 
-def test_the_ensemble_answers_text_and_streams_the_same_text(
+def test_streamed_text_is_the_answer_whole_over_the_bls_model(
     tiny: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The plain repository's answer; the streaming one's, streamed by tensorrt_llm_bls (infer
+    --stream's default there), whose pieces join to exactly that answer; the ensemble's stream
+    decodes each token alone, which breaks this answer's characters (the failure the BLS model
+    is for); and a non-streamed request to the BLS model gets the answer in one response."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny["repository"] / "preprocessing" / "tokenizer")
     prompt = "The quick brown fox"
-    ids = tokenizer.encode(prompt)
-    want = tokenizer.decode(tiny["runtime"].greedy(ids, 6, {2}), skip_special_tokens=True)
-    assert main(["infer", "--url", tiny["plain"].http_url, "--prompt", prompt, "--max-tokens",
-                 "6", "--json"]) == 0  # fmt: skip
+    tokens = tiny["runtime"].greedy(tokenizer.encode(prompt), 24, {2})
+    want = tokenizer.decode(tokens, skip_special_tokens=True)
+    alone = "".join(tokenizer.decode([t], skip_special_tokens=True) for t in tokens)
+    # byte tokens of one character, decoded apart, each become U+FFFD
+    assert alone.count("\ufffd") > want.count("\ufffd")
+    args = ["--prompt", prompt, "--max-tokens", "24"]
+    assert main(["infer", "--url", tiny["plain"].http_url, *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == want
-    assert main(["infer", "--url", tiny["streaming"].grpc_url, "--prompt", prompt, "--max-tokens",
-                 "6", "--stream", "--json"]) == 0  # fmt: skip
-    # each piece is decoded on its own: with a byte-level tokenizer a piece can be a partial
-    # character, so compare what the pieces decode to together with the tokens' own decodes
-    streamed = json.loads(capsys.readouterr().out)["text"]
-    pieces = "".join(tokenizer.decode([t], skip_special_tokens=True)
-                     for t in tiny["runtime"].greedy(ids, 6, {2}))  # fmt: skip
-    assert streamed == pieces
-    assert main(["infer", "--url", tiny["streaming"].grpc_url, "--prompt", prompt, "--max-tokens",
-                 "6", "--stream"]) == 0  # fmt: skip
-    assert capsys.readouterr().out == pieces + "\n"  # printed as they came, then a newline
+    grpc = tiny["streaming"].grpc_url
+    assert main(["infer", "--url", grpc, *args, "--stream", "--json"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    assert streamed["model"] == "tensorrt_llm_bls" and streamed["text"] == want
+    assert main(["infer", "--url", grpc, *args, "--stream"]) == 0
+    assert capsys.readouterr().out == want + "\n"  # printed as they came, then a newline
+    assert main(["infer", "--url", grpc, *args, "--stream", "--model", "ensemble", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == alone
+    # the pieces as they arrive: several when streamed, one when not
+    from trt_builder.triton import client
+
+    module, server, _ = client.connect(grpc)
+    for stream in (True, False):
+        inputs = client._inputs(module, client.Request(prompt=prompt, max_tokens=24), stream)
+        pieces = [r.as_numpy("text_output") for r in client.stream_results(
+            server, "tensorrt_llm_bls", inputs, timeout=60)]  # fmt: skip
+        texts = [p.reshape(-1)[0].decode() for p in pieces if p is not None]
+        assert "".join(texts) == want
+        assert len(texts) > 3 if stream else len(texts) == 1
 
 
 def test_infer_sends_what_the_ensemble_declares_and_the_seed_is_honoured(
@@ -220,14 +236,17 @@ def test_a_request_without_max_tokens_is_refused_in_words_on_every_endpoint(
     import tritonclient.grpc as grpc
 
     said = "max_tokens is missing: send max_tokens"
-    for server, path in ((tiny["plain"], "generate"), (tiny["streaming"], "generate"),
-                         (tiny["streaming"], "generate_stream")):  # fmt: skip
-        request = urllib.request.Request(f"{server.http_url}/v2/models/ensemble/{path}",
+    for server, model, path in ((tiny["plain"], "ensemble", "generate"),
+                                (tiny["streaming"], "ensemble", "generate"),
+                                (tiny["streaming"], "ensemble", "generate_stream"),
+                                (tiny["streaming"], "tensorrt_llm_bls", "generate"),
+                                (tiny["streaming"], "tensorrt_llm_bls", "generate_stream")):  # fmt: skip
+        request = urllib.request.Request(f"{server.http_url}/v2/models/{model}/{path}",
                                          data=json.dumps({"text_input": "Hello"}).encode())  # fmt: skip
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
-        assert refused.value.code == 400, path
-        assert said in refused.value.read().decode(), path
+        assert refused.value.code == 400, (model, path)
+        assert said in refused.value.read().decode(), (model, path)
     client = grpc.InferenceServerClient(tiny["plain"].grpc_url.removeprefix("grpc://"))
     text = grpc.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[b"Hello"]], dtype=object))
@@ -363,12 +382,8 @@ def test_the_default_model_serves_in_float16_and_with_the_int8_kv_cache(
                 assert out[0, len(ids) : len(ids) + len(want)].tolist() == want
             assert main(["infer", "--url", server.grpc_url, "--messages", json.dumps(chat),
                          "--max-tokens", "12", "--json", *stream]) == 0  # fmt: skip
-            text = json.loads(capsys.readouterr().out)["text"]
-            if stream:  # pieces decoded one token at a time
-                expected = "".join(tokenizer.decode([t], skip_special_tokens=True) for t in want)
-            else:
-                expected = tokenizer.decode(want, skip_special_tokens=True)
-            assert text == expected and text.strip()
+            text = json.loads(capsys.readouterr().out)["text"]  # streamed: tensorrt_llm_bls
+            assert text == tokenizer.decode(want, skip_special_tokens=True) and text.strip()
 
 
 def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
@@ -544,18 +559,22 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
         assert TritonRuntime(again.grpc_url).greedy_batch([[5, 17, 42]], 6, {2}) == [want]
 
 
+@pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_bls"])
 def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seconds(
-    tiny: dict[str, Any], tmp_path: Path
+    tiny: dict[str, Any], tmp_path: Path, model: str
 ) -> None:
     """20 gRPC streams, each of 2000 tokens, cancelled by their clients after the first token
     (tritonclient's stop_stream(cancel_requests=True)): the reference backend drops them, so a
     request sent afterwards is answered at once and SIGTERM ends the server within 10 s,
     unkilled. Before, generation went on for the vanished clients and SIGTERM took 30 s and a
-    SIGKILL."""
+    SIGKILL. Sent to tensorrt_llm_bls, the cancellation reaches the tensorrt_llm request it
+    made (by the backend's `stop` input: Triton 2.51 cannot cancel a BLS request)."""
     import threading
     import time
 
     import tritonclient.grpc as grpc
+
+    from trt_builder.triton import client as triton_client
 
     server = start(tiny["streaming_repository"], **_ports(tmp_path / "server.log"))
     try:
@@ -564,9 +583,14 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
             client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
             first = threading.Event()
             client.start_stream(callback=lambda result, error, first=first: first.set())
-            client.async_stream_infer(
-                "tensorrt_llm", _ids_request(grpc, [5, 17, 42], 2000, streaming=True)
-            )
+            if model == "tensorrt_llm":
+                inputs = _ids_request(grpc, [5, 17, 42], 2000, streaming=True)
+            else:  # no end id the tiny model could sample: it runs all 2000 tokens
+                ask = triton_client.Request(prompt="The quick brown fox", max_tokens=2000)
+                inputs = triton_client._inputs(grpc, ask, True)
+                inputs.append(grpc.InferInput("end_id", [1, 1], "INT32"))
+                inputs[-1].set_data_from_numpy(np.array([[-1]], np.int32))
+            client.async_stream_infer(model, inputs)
             clients.append((client, first))
         for client, first in clients:
             assert first.wait(60), "a stream's first token did not come"

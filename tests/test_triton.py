@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,97 @@ def test_python_models_tokenize_like_the_hf_tokenizer(repo: Path, tokenizer_dir:
     assert post.decode_batch(tok, tokens, np.array([len(ids)]), skip_special_tokens=True) == [
         "Photosynthesis is the process"
     ]
+
+
+TEXTS = ["naïve café, 東京 and 🙂🎉 — ok", "Hello , world . Don't stop ; it's fine !"]
+
+
+def _metaspace_tokenizer(path: Path) -> Path:
+    """A SentencePiece-style tokenizer (Metaspace, as Llama's), whose decode strips the first
+    word's space and cleans up the spaces before punctuation."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )  # Llama's
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]  # characters outside the alphabet: as bytes
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, limit_alphabet=24, special_tokens=["<unk>", *bytes_]
+    )
+    tok.train_from_iterator(TEXTS * 8, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                   clean_up_tokenization_spaces=True)  # fmt: skip
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_streamed_pieces_are_whole_characters_and_concatenate_to_the_answer(
+    tmp_path: Path, tokenizer_dir: Path, kind: str
+) -> None:
+    """tensorrt_llm_bls's detokenizer, fed one token at a time (as a stream comes): its pieces
+    join to exactly the decode of the whole answer and none holds a broken character, where
+    decoding each token alone (the ensemble's postprocessing) breaks them."""
+    from transformers import AutoTokenizer
+
+    where = tokenizer_dir if kind == "byte-level" else _metaspace_tokenizer(tmp_path / "sp")
+    tok = AutoTokenizer.from_pretrained(where)
+    root = tmp_path / "repo"
+    root.mkdir()
+    write_repository(root, replace(OPTS, decoupled=True), sorted(tokenizer_dir.iterdir()), None)
+    bls = _module(root, "tensorrt_llm_bls")
+    broken = []
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        whole = tok.decode(ids, skip_special_tokens=True)
+        broken.append("".join(tok.decode([i], skip_special_tokens=True) for i in ids) != whole)
+        stream = bls.TextStream(tok, skip_special_tokens=True)
+        pieces = [stream.add([i]) for i in ids]
+        pieces.append(stream.finish())
+        assert "".join(pieces) == whole
+        assert not any("\ufffd" in piece for piece in pieces)
+        assert sum(bool(p) for p in pieces) > len(ids) // 3  # streamed, not held to the end
+    # the failure this is for: decoded alone, the characters break (and Metaspace's spaces go)
+    assert broken == [True, kind == "metaspace"]
+    # a stream that ends inside a character gives what the whole answer decodes to
+    ids = tok.encode("🙂", add_special_tokens=False)[:-1]
+    stream = bls.TextStream(tok, skip_special_tokens=True)
+    assert [stream.add([i]) for i in ids] == [""] * len(ids)
+    assert stream.finish() == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_streaming_repository_has_the_bls_model_wired_as_the_ensemble(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    write_repository(root, replace(OPTS, decoupled=True), sorted(tokenizer_dir.iterdir()), None)
+    configs = validate_repository(root)
+    bls = configs["tensorrt_llm_bls"]
+    ensemble = configs["ensemble"]
+    assert bls.backend == "python" and bls.model_transaction_policy.decoupled
+    assert [(t.name, t.data_type, list(t.dims), t.optional) for t in bls.input] == [
+        (t.name, t.data_type, list(t.dims), t.optional) for t in ensemble.input
+    ]
+    assert [t.name for t in bls.output] == ["text_output"]
+    for key in ("accumulate_tokens", "tensorrt_llm_model_name"):  # upstream's BLS parameters
+        assert key in bls.parameters
+    assert (root / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+    _edit(root, "tensorrt_llm_bls", "REQUEST_OUTPUT_LEN", "OUTPUT_LEN")
+    with pytest.raises(PackageError, match="preprocessing has no input 'OUTPUT_LEN'"):
+        validate_repository(root)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_repository(plain, OPTS, sorted(tokenizer_dir.iterdir()), None)
+    assert "tensorrt_llm_bls" not in validate_repository(plain)
 
 
 def test_preprocessing_handles_a_batch_and_the_generation_config_end_id(

@@ -36,7 +36,7 @@ class BenchOptions:
     output_tokens: int = 64
     ignore_eos: bool = False
     seed: int = 0
-    model: str = "ensemble"
+    model: str = ""  # "": tensorrt_llm_bls where the deployment has it, else the ensemble
 
     def __post_init__(self) -> None:
         if not self.concurrency and not self.rates:

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from .. import __version__
 from ..core.errors import InputError, PackageError, TritonError
 from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
+from ..triton.client import STREAM_MODEL
 from ..triton.repository import validate_repository
 from .figures import summarize
 from .loadgen import POINT_TIMEOUT_S, command, find_aiperf, run_point
@@ -68,6 +70,16 @@ def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, s
         "string_value", ""
     )
     return {"backend": str(config.get("backend", "")), "implementation": implementation}
+
+
+def stream_model(url: str, timeout: float = 10.0) -> str:
+    """tensorrt_llm_bls where the deployment serves it ready (the model whose streamed pieces
+    are whole characters, what a streaming client would use), else the ensemble."""
+    try:
+        _http(url, f"/v2/models/{STREAM_MODEL}/ready", timeout)
+    except (urllib.error.URLError, OSError, ValueError):
+        return "ensemble"
+    return STREAM_MODEL
 
 
 def _free_ports(n: int) -> list[int]:
@@ -122,6 +134,7 @@ def bench(
         prompts = write_prompts(options, work)
         served = deployment(target, options.model, out.with_suffix(".tritonserver.log"))
         with served as (url, served_tokenizer):
+            options = replace(options, model=options.model or stream_model(url))
             serving = check_deployment(url, options.model)
             tok = tokenizer or served_tokenizer
             if tok is None or not Path(tok).is_dir():

@@ -408,14 +408,15 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
 @click.option(
     "--stream", is_flag=True, help="Print the answer as it comes (a streaming repository)."
 )
-@click.option("--model", default="ensemble", show_default=True)
+@click.option("--model", help="The model to ask [default: ensemble; with --stream, "
+              "tensorrt_llm_bls where the server has it: its pieces are whole characters].")  # fmt: skip
 @click.option(
     "--timeout", type=float, default=60.0, show_default=True, help="Seconds per response."
 )
 @options.apply(options.OUTPUT_OPTIONS)
 def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens: int,
                   temperature: float | None, top_k: int | None, top_p: float | None,
-                  seed: int | None, stream: bool, model: str, timeout: float,
+                  seed: int | None, stream: bool, model: str | None, timeout: float,
                   as_json: bool) -> None:  # fmt: skip
     """Send one request to a live Triton deployment of a trt-builder repository and print the
     answer (checks readiness first; fails after --timeout).
@@ -446,6 +447,8 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
     request = client.Request(prompt=prompt, messages=chat, max_tokens=max_tokens, sampling=sampling)
     if stream:
         pieces = []
+        if model is None and not url.startswith(("http://", "https://")):
+            model = client.stream_model(client.connect(url, timeout=timeout)[1])
         for piece in client.stream(url, request, model=model, timeout=timeout):
             pieces.append(piece)
             if not as_json:
@@ -454,6 +457,7 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
         if not as_json:
             click.echo()
     else:
+        model = model or "ensemble"
         answer = client.generate(url, request, model=model, timeout=timeout)
         if not as_json:
             click.echo(answer)
@@ -494,7 +498,8 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 @click.option("--ignore-eos", is_flag=True,
               help="Every answer --output-tokens long: the end token does not end it (end_id -1).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--model", default="ensemble", show_default=True)
+@click.option("--model", default="", help="The model to load [default: tensorrt_llm_bls where "
+              "the deployment has it (whole streamed text), else ensemble].")  # fmt: skip
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="The deployment's tokenizer, for a URL (a repository's own is used otherwise).")  # fmt: skip
 @click.option("--compare", "compare_files", nargs=2, type=click.Path(path_type=Path),

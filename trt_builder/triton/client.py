@@ -113,15 +113,30 @@ def generate(url: str, request: Request, *, model: str = "ensemble", timeout: fl
     return _text(result)
 
 
+#: The model that streams whole text (a streaming repository has it; repository.BLS).
+STREAM_MODEL = "tensorrt_llm_bls"
+
+
+def stream_model(client: Any) -> str:
+    """What a stream goes to when no model is named: tensorrt_llm_bls where the server serves
+    it (its pieces are whole characters), else the ensemble (each piece decoded alone)."""
+    try:
+        return STREAM_MODEL if client.is_model_ready(STREAM_MODEL) else "ensemble"
+    except Exception:  # tritonclient raises for a model it does not know
+        return "ensemble"
+
+
 def stream(
-    url: str, request: Request, *, model: str = "ensemble", timeout: float = 60.0
+    url: str, request: Request, *, model: str | None = None, timeout: float = 60.0
 ) -> Iterator[str]:
-    """The answer of a decoupled (streaming) repository, piece by piece, over gRPC."""
+    """The answer of a decoupled (streaming) repository, piece by piece, over gRPC, from
+    `model` (stream_model() when None)."""
     if url.startswith(("http://", "https://")):
         raise InputError(
             "--stream needs a gRPC URL (grpc://HOST:8001): tritonclient streams over gRPC"
         )
     module, client, _ = connect(url, timeout=timeout)
+    model = model or stream_model(client)
     for result in stream_results(client, model, _inputs(module, request, True), timeout=timeout):
         if result.as_numpy("text_output") is not None:
             yield _text(result)

@@ -266,7 +266,36 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
         output=_io(mc.ModelOutput, ENSEMBLE_OUT),
         ensemble_scheduling=mc.ModelEnsembling(step=steps),
     )  # no transaction policy: an ensemble with a decoupled step streams by itself
-    return {"ensemble": ens, "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
+    configs = {"ensemble": ens, "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
+    if opts.decoupled:  # streamed text needs one model that sees the whole stream
+        configs[BLS] = bls_config(opts.max_batch_size)
+    return configs
+
+
+#: The model that answers the ensemble's requests with whole streamed text (upstream's name).
+BLS = "tensorrt_llm_bls"
+
+
+def bls_config(max_batch_size: int) -> mc.ModelConfig:
+    """tensorrt_llm_bls: the ensemble's inputs and output; it runs the ensemble's first two
+    steps (given as data in `steps`) by BLS and detokenizes the stream itself."""
+    bls = mc.ModelConfig(
+        name=BLS,
+        backend="python",
+        max_batch_size=max_batch_size,
+        input=_io(mc.ModelInput, ENSEMBLE_IN),
+        output=_io(mc.ModelOutput, ENSEMBLE_OUT),
+        instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+    )
+    _params(bls, {
+        "tokenizer_dir": "../preprocessing/tokenizer",
+        "skip_special_tokens": "true",  # as postprocessing decodes
+        "accumulate_tokens": "false",  # upstream's parameter: true sends all the text so far
+        "tensorrt_llm_model_name": "tensorrt_llm",
+        "steps": json.dumps([list(step) for step in ENSEMBLE_STEPS[:2]]),
+    })  # fmt: skip
+    return bls
 
 
 #: Written at the repository's root: what serve-command and package --check read.
@@ -357,7 +386,27 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs)
+        if name == BLS:
+            _check_bls(name, config, configs)
     return configs
+
+
+def _check_bls(name: str, bls: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> None:
+    """The BLS model's steps are wired as an ensemble's would be, to a decoupled
+    tensorrt_llm (what its streamed responses come from)."""
+    try:
+        steps = json.loads(bls.parameters["steps"].string_value)
+        as_ensemble = mc.ModelConfig(name=name, input=bls.input, ensemble_scheduling=mc.ModelEnsembling(step=[
+            mc.ModelEnsembling.Step(model_name=m, model_version=-1, input_map=i, output_map=o)
+            for m, i, o in steps]))  # fmt: skip
+    except (KeyError, ValueError, TypeError):
+        raise PackageError(
+            f"model {name}: parameter steps is not the JSON list of its steps"
+        ) from None
+    _check_ensemble(name, as_ensemble, configs)
+    llm = configs.get(steps[-1][0]) if steps else None
+    if llm is None or not llm.model_transaction_policy.decoupled:
+        raise PackageError(f"model {name}: its last step must be the decoupled tensorrt_llm model")
 
 
 def _check_engine_path(root: Path, name: str, config: mc.ModelConfig) -> None:

@@ -7,13 +7,19 @@ import json
 from pathlib import Path
 
 from ..core.errors import PackageError
-from .repository import INFO, validate_repository
+from .repository import BLS, INFO, validate_repository
 
 #: Seconds tritonserver gives in-flight requests after SIGTERM before it unloads the models
 #: (whose requests then end with an error): a bounded drain, not Triton's default 30 s.
 EXIT_TIMEOUT_S = 10
-#: Loaded explicitly on the first rank; the other ranks load only the engine.
+#: Loaded explicitly on the first rank (and tensorrt_llm_bls where the repository has it); the
+#: other ranks load only the engine.
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+
+
+def served_models(configs: dict) -> tuple[str, ...]:
+    """The models serve loads from a repository whose configs are `configs`."""
+    return MODELS + ((BLS,) if BLS in configs else ())
 
 
 def serve_command(
@@ -30,7 +36,7 @@ def serve_command(
     `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
     the one the serving container sees (the spec's [triton] serve_root). Rank i's Python
     backend names its shared-memory regions `<shm_prefix><i>_...`."""
-    validate_repository(repository)
+    models = served_models(validate_repository(repository))
     try:
         info = json.loads((repository / INFO).read_text())
         # the reference backend merges the ranks into one process; the engine needs one each
@@ -44,7 +50,7 @@ def serve_command(
 
     def rank(i: int) -> list[str]:
         argv = [tritonserver, f"--model-repository={served}", "--model-control-mode=explicit"]
-        argv += [f"--load-model={m}" for m in (MODELS if i == 0 else ("tensorrt_llm",))]
+        argv += [f"--load-model={m}" for m in (models if i == 0 else ("tensorrt_llm",))]
         argv += [
             f"--http-port={http_port}", f"--grpc-port={grpc_port}",
             f"--metrics-port={metrics_port}", "--strict-readiness=true", "--exit-on-error=true",

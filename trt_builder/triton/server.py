@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import InputError, TritonError
-from .repository import current_version
+from .repository import BLS, current_version
 from .serve import serve_command
 
 #: The environment variable that names a tritonserver executable to use.
@@ -191,17 +191,24 @@ class Server:
     def reload(self, timeout: float = 300.0) -> int | None:
         """Load the version the repository's link points to now, if it is not the one loaded:
         one explicit `load` of the ensemble, which makes Triton poll it and its composing
-        models (each keeps serving its old version until the new one is ready). The version
+        models (each keeps serving its old version until the new one is ready), then one of
+        tensorrt_llm_bls where the new version has it. The version
         loaded, or None when nothing changed; TritonError with Triton's reason if it failed
         (the version that was serving still serves; that version is not tried again)."""
         version = None if self.repository is None else current_version(self.repository)
         if version is None or version in (self.version, self.failed):
             return None
-        url = f"{self.http_url}/v2/repository/models/ensemble/load"
+        assert self.repository is not None
+        # tensorrt_llm_bls is no composing model of the ensemble: its own load, after
+        models = ["ensemble"] + (
+            [BLS] if (self.repository / BLS / "config.pbtxt").is_file() else []
+        )
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
-                                        timeout=timeout):  # fmt: skip
-                pass
+            for model in models:
+                url = f"{self.http_url}/v2/repository/models/{model}/load"
+                with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
+                                            timeout=timeout):  # fmt: skip
+                    pass
         except urllib.error.HTTPError as exc:
             self.failed = version
             reason = exc.read().decode(errors="replace")

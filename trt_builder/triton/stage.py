@@ -48,7 +48,7 @@ class PackageStage:
         elif engine is None:
             note = "no engine yet: build it on a GPU host, then rerun package"
         return {
-            "models": ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"],
+            "models": sorted(p.parent.name for p in work.glob("*/config.pbtxt")),
             "version": version,
             "backend": options.backend,
             "engine_included": engine is not None and not reference,

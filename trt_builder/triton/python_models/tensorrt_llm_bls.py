@@ -1,0 +1,251 @@
+"""Triton python model `tensorrt_llm_bls`: the ensemble's request, answered through
+preprocessing and tensorrt_llm by Business Logic Scripting, with the text detokenized as one
+stream. Written for trt-builder (upstream's tensorrtllm_backend has a model of the same name and
+purpose; this one is not its code).
+
+Why it exists: in the ensemble, Triton runs postprocessing once per streamed response, with
+nothing that ties one response to the next, so each piece is decoded alone and a character
+whose bytes span two tokens arrives as U+FFFD. Here one thread sees a request's whole stream:
+each piece is what the decode of all tokens so far adds, held back while it ends in an
+incomplete character or in whitespace (which a tokenizer's clean-up may still take back), so
+the pieces concatenate to exactly the decode of the whole answer, which is what a request
+without streaming gets.
+"""
+
+import json
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+TRUE = ("true", "1", "yes", "y", "t", "on")
+REPLACEMENT = "\ufffd"
+
+
+class TextStream:
+    """The text of a growing list of token ids, given out in pieces whose concatenation is
+    `tokenizer.decode(all ids)`: a piece is what the decode of the ids so far adds to what was
+    given, less any trailing U+FFFD (an incomplete UTF-8 sequence the next token may finish) and
+    trailing whitespace (that clean-up of tokenization spaces may remove once the next token
+    comes). `finish()` gives the rest, exactly."""
+
+    def __init__(self, tokenizer, *, skip_special_tokens):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids = []
+        self.sent = ""
+
+    def _decode(self):
+        return self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, ids):
+        """Take the next ids; the piece of text they complete (may be empty)."""
+        self.ids.extend(int(i) for i in ids)
+        text = self._decode()
+        if not text.startswith(self.sent):  # an earlier piece is being rewritten: wait
+            return ""
+        end = len(text)
+        while end > len(self.sent) and (text[end - 1] == REPLACEMENT or text[end - 1].isspace()):
+            end -= 1
+        piece = text[len(self.sent) : end]
+        self.sent += piece
+        return piece
+
+    def finish(self):
+        """The rest of the answer. ValueError if the tokenizer's decode of the whole answer
+        does not begin with the pieces already given (a decode that is not prefix-stable)."""
+        text = self._decode()
+        if not text.startswith(self.sent):
+            raise ValueError(
+                "the tokenizer's decode of the whole answer rewrote text already streamed"
+            )
+        piece = text[len(self.sent) :]
+        self.sent = text
+        return piece
+
+
+class StepError(Exception):
+    """A step's error response, passed on with its Triton error code (a refusal stays a 4xx)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def _scalar(request, name, default):
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return default if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+        from transformers import AutoTokenizer
+
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException(
+                "tensorrt_llm_bls needs model_transaction_policy { decoupled: true }"
+            )
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        path = Path(params["tokenizer_dir"])
+        path = path if path.is_absolute() else Path(args["model_repository"]) / path
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.skip_special_tokens = params.get("skip_special_tokens", "true").lower() in TRUE
+        # upstream's switch: each response carries all the text so far, not the new piece
+        self.accumulate = params.get("accumulate_tokens", "false").lower() in TRUE
+        # the ensemble's first two steps, as data: (model, {its input: tensor}, {its output:
+        # tensor}); tensors named in neither come from this model's own request
+        steps = json.loads(params["steps"])
+        self.steps = [[model, inputs, outputs] for model, inputs, outputs in steps]
+        self.steps[-1][0] = params.get("tensorrt_llm_model_name") or self.steps[-1][0]
+        self.threads = set()
+        self.lock = threading.Lock()
+
+    def execute(self, requests):
+        for request in requests:
+            thread = threading.Thread(target=self._serve, args=(request,), daemon=True)
+            with self.lock:
+                self.threads.add(thread)
+            thread.start()
+        return None
+
+    def finalize(self):
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=10)
+
+    def _serve(self, request):
+        import triton_python_backend_utils as pb_utils
+
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            self._answer(request, sender)
+        except Exception as exc:  # a refusal from a step, or a fault here: the client hears it
+            code = getattr(exc, "code", None)
+            error = pb_utils.TritonError(str(exc), *(() if code is None else (code,)))
+            try:
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+            except Exception:  # its client is gone
+                pass
+        finally:
+            with self.lock:
+                self.threads.discard(threading.current_thread())
+
+    def _answer(self, request, sender):
+        import triton_python_backend_utils as pb_utils
+
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        tensors = {}  # ensemble tensor name -> numpy value
+        for model, inputs, outputs in self.steps[:-1]:
+            response = self._step(request, model, inputs, outputs, tensors).exec()
+            self._check(response)
+            self._gather(response, outputs, tensors)
+        model, inputs, outputs = self.steps[-1]
+        streaming = bool(_scalar(request, "stream", False))
+        text = TextStream(self.tokenizer, skip_special_tokens=self.skip_special_tokens)
+        ids_name = next(k for k, v in outputs.items() if v == "_TOKENS_BATCH")
+        length_name = next(k for k, v in outputs.items() if v == "_SEQUENCE_LENGTH")
+        # the model always streams to us, so a cancelled client is seen at the next token; the
+        # request's own id is what a stop request names
+        tensors["stream"] = np.array([[True]])
+        child = f"bls-{uuid.uuid4().hex}"
+        step = self._step(request, model, inputs, outputs, tensors, request_id=child)
+        responses = step.exec(decoupled=True)
+        for response in responses:
+            if sender.is_cancelled():
+                self._stop(model, child, responses)
+                error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                return
+            self._check(response)
+            ids = pb_utils.get_output_tensor_by_name(response, ids_name)
+            if ids is None:  # the final, empty response of a stream
+                continue
+            ids = ids.as_numpy().reshape(-1)
+            length = pb_utils.get_output_tensor_by_name(response, length_name)
+            if length is not None:
+                ids = ids[: int(length.as_numpy().reshape(-1)[0])]
+            piece = text.add(ids)
+            if streaming and piece:
+                sender.send(self._text(text.sent if self.accumulate else piece))
+        rest = text.finish()
+        if streaming and not rest:
+            sender.send(flags=final)
+        else:
+            out = text.sent if self.accumulate or not streaming else rest
+            sender.send(self._text(out), flags=final)
+
+    @staticmethod
+    def _stop(model, request_id, responses):
+        """Stop the model's request `request_id`: the stop request of the tensorrtllm backend
+        (upstream's BLS sends the same), and Triton's own cancellation where the Python backend
+        has it (24.12 and later; not 2.51's)."""
+        import triton_python_backend_utils as pb_utils
+
+        cancel = getattr(responses, "cancel", None)
+        if cancel is not None:
+            cancel()
+        stop = pb_utils.InferenceRequest(
+            model_name=model,
+            request_id=request_id,
+            inputs=[
+                pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+                pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
+                pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
+                pb_utils.Tensor("stop", np.array([[True]])),
+            ],
+            requested_output_names=[],
+        )
+        for _ in stop.exec(decoupled=True):  # its one empty response
+            pass
+        # read the stopped request to its end: the Python backend's response iterator waits
+        # for a stream's last response when it is freed, and one freed mid-stream holds this
+        # model's unload (SIGTERM) forever
+        for _ in responses:
+            pass
+
+    @staticmethod
+    def _step(request, model, inputs, outputs, tensors, request_id=""):
+        import triton_python_backend_utils as pb_utils
+
+        given = []
+        for name, tensor in inputs.items():
+            if tensor in tensors:
+                given.append(pb_utils.Tensor(name, tensors[tensor]))
+                continue
+            value = pb_utils.get_input_tensor_by_name(request, tensor)
+            if value is not None:  # an optional input the client left out stays out
+                given.append(pb_utils.Tensor(name, value.as_numpy()))
+        return pb_utils.InferenceRequest(
+            model_name=model, inputs=given, requested_output_names=list(outputs),
+            request_id=request_id,
+        )  # fmt: skip
+
+    @staticmethod
+    def _check(response):
+
+        if response.has_error():
+            error = response.error()
+            raise StepError(error.message(), getattr(error, "code", lambda: None)())
+
+    @staticmethod
+    def _gather(response, outputs, tensors):
+        import triton_python_backend_utils as pb_utils
+
+        for name, tensor in outputs.items():
+            value = pb_utils.get_output_tensor_by_name(response, name)
+            if value is not None:
+                tensors[tensor] = value.as_numpy()
+
+    @staticmethod
+    def _text(text):
+        import triton_python_backend_utils as pb_utils
+
+        out = np.array([[text.encode("utf-8")]], dtype=object)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", out)])
