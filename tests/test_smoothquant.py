@@ -14,6 +14,7 @@ from trt_builder.calibrate.stats import calibrate, load_stats
 from trt_builder.convert.smoothquant import convert_smoothquant
 from trt_builder.core.errors import ConversionError, SpecError
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.runtimes.int8 import int8_matmul
 from trt_builder.spec.build import CalibrationOptions
 from trt_builder.spec.modes import SmoothQuant
 
@@ -80,6 +81,19 @@ def test_the_runtime_gemm_is_the_plugin_arithmetic(
     q = torch.round(x * 127 / m).clamp(-128, 127)
     expected = (q @ w[p + ".weight"].float().T) * w[p + ".per_channel_scale"] * (m / 127)
     torch.testing.assert_close(model._sq_linear(x, p), expected.half().float())
+
+
+@pytest.mark.parametrize("k", [576, 1024, 1025, 4100])
+def test_the_int8_gemm_accumulates_exactly(k: int) -> None:
+    """Extreme operands (-128 x -127 in every channel of one row) past the float32 block: each
+    output equals the integer dot product, rounded once to float32 as int32 -> float is."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randint(-128, 128, (7, k), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (16, k), dtype=torch.int8, generator=gen)
+    x[0], w[0] = -128, -127
+    exact = x.long() @ w.long().T
+    assert int(exact[0, 0]) == 128 * 127 * k
+    assert torch.equal(int8_matmul(x.reshape(7, 1, k), w), exact.float().reshape(7, 1, 16))
 
 
 @pytest.mark.parametrize(

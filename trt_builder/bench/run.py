@@ -21,7 +21,7 @@ from .. import __version__
 from ..core.errors import InputError, PackageError, TritonError
 from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
-from ..triton.client import STREAM_MODEL
+from ..triton.client import connect, stream_model
 from ..triton.repository import validate_repository
 from .figures import summarize
 from .loadgen import POINT_TIMEOUT_S, command, find_aiperf, run_point
@@ -72,14 +72,14 @@ def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, s
     return {"backend": str(config.get("backend", "")), "implementation": implementation}
 
 
-def stream_model(url: str, timeout: float = 10.0) -> str:
-    """tensorrt_llm_bls where the deployment serves it ready (the model whose streamed pieces
-    are whole characters, what a streaming client would use), else the ensemble."""
+def _stream_model(url: str) -> str:
+    """client.stream_model for the deployment at `url`; the ensemble where it cannot be asked
+    (check_deployment then says why)."""
     try:
-        _http(url, f"/v2/models/{STREAM_MODEL}/ready", timeout)
-    except (urllib.error.URLError, OSError, ValueError):
+        _, client, _ = connect(url, timeout=10.0)
+    except InputError:
         return "ensemble"
-    return STREAM_MODEL
+    return stream_model(client)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -134,7 +134,7 @@ def bench(
         prompts = write_prompts(options, work)
         served = deployment(target, options.model, out.with_suffix(".tritonserver.log"))
         with served as (url, served_tokenizer):
-            options = replace(options, model=options.model or stream_model(url))
+            options = replace(options, model=options.model or _stream_model(url))
             serving = check_deployment(url, options.model)
             tok = tokenizer or served_tokenizer
             if tok is None or not Path(tok).is_dir():

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import InputError, TritonError
-from .repository import BLS, current_version
-from .serve import serve_command
+from ..core.errors import InputError, PackageError, TritonError
+from .repository import current_version, validate_repository
+from .serve import MODELS, serve_command, served_models
 
 #: The environment variable that names a tritonserver executable to use.
 EXECUTABLE_ENV = "TRT_BUILDER_TRITONSERVER"
@@ -199,10 +199,17 @@ class Server:
         if version is None or version in (self.version, self.failed):
             return None
         assert self.repository is not None
-        # tensorrt_llm_bls is no composing model of the ensemble: its own load, after
-        models = ["ensemble"] + (
-            [BLS] if (self.repository / BLS / "config.pbtxt").is_file() else []
-        )
+        try:
+            configs = validate_repository(self.repository)
+        except PackageError as exc:
+            self.failed = version
+            raise TritonError(
+                f"version {version} of {self.repository} was not loaded: {exc}; "
+                f"version {self.version} still serves"
+            ) from None
+        # the models outside the ensemble (tensorrt_llm_bls) are not composing models of it:
+        # a load of their own each, after it
+        models = ["ensemble"] + [m for m in served_models(configs) if m not in MODELS]
         try:
             for model in models:
                 url = f"{self.http_url}/v2/repository/models/{model}/load"
