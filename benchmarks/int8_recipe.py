@@ -89,7 +89,7 @@ def main() -> None:
         return {int(k): v for k, v in record["alphas"].items()}
 
     for name, mode in (("int8-wo (W8A16)", WeightOnlyInt8()),
-                       ("int8-wo + INT8 KV cache", WeightOnlyInt8(kv_int8=True))):  # fmt: skip
+                       ("int8-wo + INT8 KV cache", WeightOnlyInt8(kv_cache="int8"))):  # fmt: skip
         ck = work / name
         ck.mkdir()
         convert_checkpoint(hf, ck, mode, calibration=calibration)
@@ -104,7 +104,7 @@ def main() -> None:
     print(f"alphas per layer: {json.dumps(record['alphas'])}")
     name = f"int8 default: the search's choice ({record['chosen']})"
     sq(name, SmoothQuant(alpha), alphas=per_layer, decode=True)
-    sq("int8 + INT8 KV cache", SmoothQuant(alpha, kv_int8=True), alphas=per_layer, decode=True)
+    sq("int8 + INT8 KV cache", SmoothQuant(alpha, kv_cache="int8"), alphas=per_layer, decode=True)
 
     chosen, kv = rows[name], rows["int8 + INT8 KV cache"]
     wo, wo_kv = rows["int8-wo (W8A16)"], rows["int8-wo + INT8 KV cache"]

@@ -492,12 +492,33 @@ def test_int8_for_an_sm_100_target_is_refused_before_any_work(
         assert main([*command, "--target-gpu", "B200", *flags]) == 2  # a spec error
         err = capsys.readouterr().err
         assert "B200 is SM 100, where TensorRT-LLM builds no INT8" in err
-        assert "use --dtype float16 or bfloat16" in err and "Traceback" not in err
+        assert "use --dtype fp8, float16 or bfloat16" in err and "Traceback" not in err
     assert not out.exists()
-    assert (
-        main(["plan", "--model", str(tiny_llama), "--target-gpu", "B200", "--dtype", "float16"])
-        == 0
-    )
+    for dtype in ("float16", "fp8"):  # FP8 per-tensor builds on Blackwell
+        assert main(["plan", "--model", str(tiny_llama), "--target-gpu", "B200", "--dtype", dtype,
+                     "--kv-cache", "fp8"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpu", "flags"),
+    [("A100-80GB", ["--dtype", "fp8"]), ("A10G", ["--kv-cache", "fp8"]),
+     ("A100-40GB", ["--dtype", "fp8", "--kv-cache", "fp8"])],
+)  # fmt: skip
+def test_fp8_below_sm_89_is_refused_before_any_work(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], gpu: str,
+    flags: list[str],
+) -> None:  # fmt: skip
+    """No FP8 GEMM or FP8 KV cache kernel below SM 89: build and plan refuse A100 and A10G in
+    one line naming int8, exit 2, and write nothing."""
+    out = tmp_path / "engines"
+    for command in (
+        ["build", "--model", str(tiny_llama), "--out", str(out)],
+        ["plan", "--model", str(tiny_llama)],
+    ):
+        assert main([*command, "--target-gpu", gpu, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "which has no FP8" in err[0] and "use --dtype int8" in err[0]
+    assert not out.exists()
 
 
 def test_qwen3_smoothquant_is_refused_before_any_work(

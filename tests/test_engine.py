@@ -365,7 +365,8 @@ def test_qwen3_needs_tensorrt_llm_1_0() -> None:
 @pytest.mark.parametrize(
     ("dtype", "kv_cache"),
     [("float16", "model"), ("bfloat16", "model"), ("int8-wo", "model"), ("int8", "model"),
-     ("int8", "int8"), ("float16", "int8")],
+     ("int8", "int8"), ("float16", "int8"), ("fp8", "model"), ("fp8", "fp8"),
+     ("float16", "fp8")],
 )  # fmt: skip
 def test_flags_per_release_and_mode(
     tmp_path: Path, version: str, dtype: str, kv_cache: str
@@ -383,7 +384,13 @@ def test_flags_per_release_and_mode(
             build_command(spec, tmp_path / "ck", tmp_path / "eng", release=rejecting)
     # SmoothQuant's plugins switch on from the checkpoint's quant_algo: no release takes a flag
     assert not any("smooth_quant" in f or "quantiz" in f for f in flags)
-    assert flags["--use_paged_context_fmha"] == ("disable" if kv_cache == "int8" else "enable")
+    # the builder turns paged context FMHA off for these itself: the command says so
+    paged_off = kv_cache == "int8" or (kv_cache == "fp8" and dtype != "fp8")
+    assert flags["--use_paged_context_fmha"] == ("disable" if paged_off else "enable")
+    # FP8 context FMHA only with FP8 linears, and then on exactly with the FP8 KV cache
+    assert flags.get("--use_fp8_context_fmha") == (
+        None if dtype != "fp8" else "enable" if kv_cache == "fp8" else "disable"
+    )
     assert flags["--tokens_per_block"] == "32" and flags["--workers"] == "2"
     assert flags["--gemm_plugin"] == "auto" and flags["--context_fmha"] == "enable"
 

@@ -119,6 +119,9 @@ model = "org/m"
         # the builder refuses INT8 on SM 100-119: the night refuses the entry before any work
         (BASE.replace('"float16"', '"int8"\n  target_gpu = "B200"'),
          "models[0].variants[0]: --target-gpu B200 is SM 100, where TensorRT-LLM builds no INT8"),
+        # ... and FP8 below SM 89
+        (BASE.replace('"float16"', '"fp8"\n  kv_cache = "fp8"\n  target_gpu = "A100-80GB"'),
+         "models[0].variants[0]: --target-gpu A100-80GB is SM 80, which has no FP8"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_is_refused_with_its_place_and_the_fix(
@@ -161,7 +164,7 @@ def test_matrix_is_one_line_of_json_github_takes_and_each_entry_runs_alone(
         assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", job["entry"]]) == 0
         assert json.loads(capsys.readouterr().out)["include"] == [job]
     assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", "smollm2-135m"]) == 0
-    assert len(json.loads(capsys.readouterr().out)["include"]) == 3  # a model id: its variants
+    assert len(json.loads(capsys.readouterr().out)["include"]) == 5  # a model id: its variants
     assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", "nope"]) == 2
     assert "--entry 'nope' is not in" in capsys.readouterr().err
 
@@ -192,6 +195,7 @@ def test_the_example_fleet_loads() -> None:
     assert fleet.out == REPO / "engines" and fleet.triton_root == REPO / "triton_repo"
     default = fleet.select(("smollm2-135m",))
     assert {e.model for e in default} == {None}  # the embedded default model
+    assert {e.spec().variant for e in default} >= {"fp8-tp1-pp1", "fp8-fp8kv-tp1-pp1"}
     assert all(e.spec().require_engine for e in fleet.entries)
 
 

@@ -190,7 +190,7 @@ def test_ranks_reassemble_and_run_as_one(
     back into the TP=1 checkpoint bit for bit, and the checkpoint runtime on the split
     checkpoint gives the TP=1 logits."""
     hf_dir, calibration = gpt2
-    mode = SmoothQuant(0.5, per_token=False, kv_int8=True)
+    mode = SmoothQuant(0.5, per_token=False, kv_cache="int8")
     one = _convert(hf_dir, calibration, tmp_path / "one", mode)
     split = _convert(hf_dir, calibration, tmp_path / "split", mode, tp=tp, pp=pp)
     assert len(list(split.glob("rank*.safetensors"))) == tp * pp
@@ -216,7 +216,7 @@ def test_the_int8_kv_cache_is_an_exact_rewrite(gpt2: tuple[Path, Path], tmp_path
     float16 the rescaled bias rounds differently, and INT8 activations amplify that) with
     static scales (a per-token scale is the row's max, whose last bit the rewrite can move)."""
     hf_dir, calibration = gpt2
-    modes = SmoothQuant(0.5, per_token=False, kv_int8=True), SmoothQuant(0.5, per_token=False)
+    modes = SmoothQuant(0.5, per_token=False, kv_cache="int8"), SmoothQuant(0.5, per_token=False)
     for mode in modes:
         object.__setattr__(mode, "dtype", "float32")
     kv = _convert(hf_dir, calibration, tmp_path / "kv", modes[0])

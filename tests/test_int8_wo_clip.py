@@ -131,7 +131,7 @@ def test_clipping_comes_after_the_kv_cache_balance(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     """The builder quantizes the balanced weights: they are what is clipped on its grid."""
-    mode = WeightOnlyInt8(kv_int8=True)
+    mode = WeightOnlyInt8(kv_cache="int8")
     summary, written = _convert(tiny_llama, tmp_path / "kv", mode, calibrated)
     balanced = _sources(tiny_llama, mode, calibrated)
     r = torch.cat([_ratios(balanced[name], written[name]) for name in balanced])

@@ -49,7 +49,7 @@ def test_the_balancing_is_exact_in_float(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     plain = CheckpointRuntime.load(_convert(tiny_llama, tmp_path / "a", FloatMode("float32"), None))
-    ck = _convert(tiny_llama, tmp_path / "b", FloatMode("float32", kv_int8=True), calibrated)
+    ck = _convert(tiny_llama, tmp_path / "b", FloatMode("float32", kv_cache="int8"), calibrated)
     kv8 = CheckpointRuntime.load(ck)
     config = kv8.config
     assert (
@@ -67,7 +67,7 @@ def test_the_balancing_is_exact_in_float(
     torch.testing.assert_close(kv8.forward(IDS), plain.forward(IDS), atol=2e-4, rtol=1e-4)
     # two tensor-parallel ranks hold the same scale and give the same model
     tp2 = _convert(
-        tiny_llama, tmp_path / "tp2", FloatMode("float32", kv_int8=True), calibrated, tp=2
+        tiny_llama, tmp_path / "tp2", FloatMode("float32", kv_cache="int8"), calibrated, tp=2
     )
     scale = "transformer.layers.1.attention.kv_cache_scaling_factor"
     ranks = [load_file(tp2 / f"rank{r}.safetensors") for r in range(2)]
@@ -86,7 +86,10 @@ def test_gpt2_learned_positions_and_fused_qkv(tmp_path: Path, tokenizer_dir: Pat
     )
     kv8 = CheckpointRuntime.load(
         _convert(
-            tmp_path / "gpt2", tmp_path / "b", FloatMode("float32", kv_int8=True), tmp_path / "cal"
+            tmp_path / "gpt2",
+            tmp_path / "b",
+            FloatMode("float32", kv_cache="int8"),
+            tmp_path / "cal",
         )
     )
     torch.testing.assert_close(kv8.forward(IDS), plain.forward(IDS), atol=2e-4, rtol=1e-4)
@@ -119,7 +122,7 @@ def test_balancing_beats_one_plain_scale(
         return torch.cat([_decoded(CheckpointRuntime.load(ck), row[None]) for row in ids])
 
     reference = decoded(_convert(hf, tmp_path / "f", FloatMode("float32"), None))
-    kv8 = FloatMode("float32", kv_int8=True)
+    kv8 = FloatMode("float32", kv_cache="int8")
     balanced = decoded(_convert(hf, tmp_path / "b", kv8, tmp_path / "cal"))
 
     def plain(ranges: torch.Tensor, config: dict, **_: object) -> kvcache.KVBalance:
@@ -138,7 +141,7 @@ def test_balancing_beats_one_plain_scale(
 def test_weight_only_with_the_int8_kv_cache(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
-    unclipped = WeightOnlyInt8(kv_int8=True, clip=False)  # clipping: tests/test_int8_wo_clip.py
+    unclipped = WeightOnlyInt8(kv_cache="int8", clip=False)  # clipping: tests/test_int8_wo_clip.py
     ck = _convert(tiny_llama, tmp_path / "wo", unclipped, calibrated)
     model = CheckpointRuntime.load(ck)
     assert model.config["quantization"] == {**model.config["quantization"], "quant_algo": "W8A16",
@@ -158,7 +161,7 @@ def test_weight_only_with_the_int8_kv_cache(
 
 def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_dir: Path) -> None:
     with pytest.raises(ConversionError, match="needs a calibration: run trt-builder calibrate"):
-        _convert(tiny_llama, tmp_path / "a", FloatMode("float16", kv_int8=True), None)
+        _convert(tiny_llama, tmp_path / "a", FloatMode("float16", kv_cache="int8"), None)
     make_tiny("qwen3", tmp_path / "qwen3", tokenizer_dir)
     (tmp_path / "q3cal").mkdir()
     calibrate(tmp_path / "qwen3", tmp_path / "q3cal", CalibrationOptions(samples=2, seq_len=16))
@@ -168,7 +171,7 @@ def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_
         _convert(
             tmp_path / "qwen3",
             tmp_path / "b",
-            FloatMode("float16", kv_int8=True),
+            FloatMode("float16", kv_cache="int8"),
             tmp_path / "q3cal",
         )
     stats = load_stats(calibrated)
@@ -208,7 +211,7 @@ def test_verify_passes_a_balanced_checkpoint(
     from trt_builder.checkpoint.reader import read_checkpoint
     from trt_builder.verify.diagnose import check_static
 
-    ck = _convert(tiny_llama, tmp_path / "kv8", FloatMode("float16", kv_int8=True), calibrated)
+    ck = _convert(tiny_llama, tmp_path / "kv8", FloatMode("float16", kv_cache="int8"), calibrated)
     config, weights = read_checkpoint(ck)
     findings, notes = check_static(ck, config, weights, tiny_llama)
     assert findings == [] and "compared through the runtime only" in notes[0]

@@ -37,6 +37,9 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "float16-kv8-tp1-pp1": ("--dtype", "float16", "--kv-cache", "int8"),
     "int8-wo-kv8-tp1-pp1": ("--dtype", "int8-wo", "--kv-cache", "int8"),
     "int8-sq-tp3-pp1": ("--dtype", "int8", "--tp", "3"),
+    "fp8-tp1-pp1": ("--dtype", "fp8"),
+    "fp8-fp8kv-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8"),
+    "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
 }
 #: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
 KV_CACHE_POINTS = 0.5
@@ -117,8 +120,14 @@ def test_every_mode_builds_through_verify_and_package(
     assert config["mapping"]["tp_size"] == tp
     assert len(list(checkpoint.glob("rank*.safetensors"))) == tp
     kv = config["quantization"]["kv_cache_quant_algo"]
-    assert (kv == "INT8") == ("kv8" in variant)
-    assert (report["perplexity"].get("decoded_from") is not None) == ("kv8" in variant)
+    assert (kv == "INT8") == ("-kv8" in variant) and (kv == "FP8") == ("-fp8kv" in variant)
+    assert (report["perplexity"].get("decoded_from") is not None) == (kv is not None)
+    if variant.startswith("fp8"):  # what trtllm-build's FP8 loader reads (convert/fp8.py)
+        assert config["quantization"]["quant_algo"] == "FP8"
+        assert config["quantization"]["exclude_modules"] == [
+            "lm_head",
+            "transformer.vocab_embedding",
+        ]
 
 
 @pytest.mark.parametrize(

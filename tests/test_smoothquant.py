@@ -118,7 +118,7 @@ def test_the_runtime_follows_transformers(
 def test_static_scales_and_the_int8_kv_cache(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
-    mode = SmoothQuant(alpha=0.5, per_token=False, kv_int8=True)
+    mode = SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8")
     ck = _convert(tiny_llama, calibrated, tmp_path / "static", mode)
     w = load_file(ck / "rank0.safetensors")
     p = "transformer.layers.0."
@@ -153,7 +153,7 @@ def test_tensor_and_pipeline_parallel_ranks(
 ) -> None:
     from trt_builder.checkpoint.reader import read_checkpoint
 
-    mode = SmoothQuant(alpha=0.5, per_token=False, kv_int8=True)  # every kind of tensor
+    mode = SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8")  # every kind of tensor
     one = _convert(tiny_llama, calibrated, tmp_path / "one", mode)
     split = tmp_path / "split"
     split.mkdir()
@@ -286,7 +286,7 @@ def test_qwen2_ranks_reassemble_and_run_as_one(
     make_tiny("qwen2", model, tokenizer_dir)
     calibration.mkdir()
     calibrate(model, calibration, CalibrationOptions(samples=8, seq_len=64))
-    mode = SmoothQuant(alpha=0.5, kv_int8=True)
+    mode = SmoothQuant(alpha=0.5, kv_cache="int8")
     one = _convert(model, calibration, tmp_path / "one", mode)
     split = tmp_path / "split"
     split.mkdir()

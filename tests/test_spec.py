@@ -6,7 +6,7 @@ import pytest
 
 from trt_builder.core.errors import SpecError
 from trt_builder.spec.build import BuildLimits, BuildSpec, Int8Options, load_toml, make_spec
-from trt_builder.spec.modes import FloatMode, SmoothQuant, WeightOnlyInt8, mode_for
+from trt_builder.spec.modes import FloatMode, Fp8, SmoothQuant, WeightOnlyInt8, mode_for
 
 
 def test_defaults_and_variant() -> None:
@@ -15,9 +15,9 @@ def test_defaults_and_variant() -> None:
     assert spec.variant == "float16-tp1-pp1"
     assert spec.to_json()["mode"] == {
         "mode": "float",
-        "version": 1,
+        "version": 2,
         "dtype": "float16",
-        "kv_int8": False,
+        "kv_cache": "model",
     }
 
 
@@ -81,13 +81,13 @@ def test_modes_dispatch_by_dtype() -> None:
     static = BuildSpec(
         dtype="int8", kv_cache="int8", int8=Int8Options(alpha=0.6, granularity="per-tensor")
     )
-    assert static.mode == SmoothQuant(alpha=0.6, per_token=False, kv_int8=True)
+    assert static.mode == SmoothQuant(alpha=0.6, per_token=False, kv_cache="int8")
     assert static.variant == "int8-sq-static-kv8-tp1-pp1"
     assert static.mode.quant_algo == "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN"
     assert make_spec(**{"dtype": "int8", "int8.alpha": "0.7"}).int8.alpha == 0.7  # a CLI string
     # the INT8 KV cache goes with every dtype, and calibrates
     assert BuildSpec(dtype="int8-wo", kv_cache="int8").variant == "int8-wo-kv8-tp1-pp1"
-    assert BuildSpec(dtype="float16", kv_cache="int8").mode == FloatMode("float16", kv_int8=True)
+    assert BuildSpec(dtype="float16", kv_cache="int8").mode == FloatMode("float16", kv_cache="int8")
     assert BuildSpec(dtype="bfloat16", kv_cache="int8").mode.needs_calibration
     # int8-wo calibrates for its clipping unless the spec turns it off (--no-wo-clip)
     assert BuildSpec(dtype="int8-wo").mode.needs_calibration
@@ -97,13 +97,35 @@ def test_modes_dispatch_by_dtype() -> None:
     assert (
         make_spec(**{"dtype": "int8-wo", "int8.wo_clip": False}).variant == "int8-wo-noclip-tp1-pp1"
     )
-    assert plain.to_json()["version"] == 2 and plain.name == "int8-wo-noclip"
+    assert plain.to_json()["version"] == 3 and plain.name == "int8-wo-noclip"
     with pytest.raises(SpecError, match="int8.wo_clip must be true or false"):
         Int8Options(wo_clip="no")  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):
         Int8Options(alpha="high")
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):
         WeightOnlyInt8(dtype="float32")
+
+
+def test_fp8_modes_and_where_they_are_refused() -> None:
+    fp8 = BuildSpec(dtype="fp8")
+    assert fp8.mode == Fp8() and fp8.mode.quant_algo == "FP8" and fp8.mode.needs_calibration
+    assert fp8.variant == "fp8-tp1-pp1"
+    assert BuildSpec(dtype="fp8", kv_cache="fp8").variant == "fp8-fp8kv-tp1-pp1"
+    assert BuildSpec(dtype="float16", kv_cache="fp8").mode.kv_cache_quant_algo == "FP8"
+    assert BuildSpec(dtype="int8-wo", kv_cache="fp8").variant == "int8-wo-fp8kv-tp1-pp1"
+    for gpu in ("L4", "L40S", "H100-80GB", "H200", "B200"):  # SM 89 and up
+        assert BuildSpec(dtype="fp8", kv_cache="fp8", target_gpu=gpu).mode.kv_fp8
+    for gpu, sm in (("A10G", 86), ("A100-80GB", 80)):
+        with pytest.raises(SpecError, match=rf"SM {sm}, which has no FP8 \(--dtype fp8 need"):
+            BuildSpec(dtype="fp8", target_gpu=gpu)
+        with pytest.raises(SpecError, match="--kv-cache fp8 need SM 89 or newer.*--kv-cache int8"):
+            BuildSpec(dtype="float16", kv_cache="fp8", target_gpu=gpu)
+    with pytest.raises(SpecError, match="use --kv-cache fp8"):
+        BuildSpec(dtype="fp8", kv_cache="int8")
+    with pytest.raises(SpecError, match="FP8 needs float16 or bfloat16"):
+        Fp8(dtype="float32")
+    with pytest.raises(SpecError, match="kv_cache must be one of model, int8, fp8"):
+        BuildSpec(kv_cache="fp16")
 
 
 def test_the_documented_toml_spec_is_valid(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ DTYPES: dict[str, torch.dtype] = {
     "I16": torch.int16,
     "I8": torch.int8,
     "U8": torch.uint8,
+    "F8_E4M3": torch.float8_e4m3fn,
     "BOOL": torch.bool,
 }
 CODES = {v: k for k, v in DTYPES.items()}

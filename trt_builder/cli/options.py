@@ -13,7 +13,7 @@ from ..core.errors import SpecError
 from ..fleet.file import parse_duration
 from ..spec.build import GEMM_PLUGINS
 from ..spec.gpus import GPUS
-from ..spec.modes import DTYPE_CHOICES
+from ..spec.modes import DTYPE_CHOICES, KV_CACHE_CHOICES
 
 F = Callable[..., Any]
 
@@ -73,12 +73,13 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--dtype",
         type=click.Choice(DTYPE_CHOICES),
-        help="Precision: float16 (default), bfloat16, float32, auto, int8 (calibrated SmoothQuant W8A8), int8-wo (W8A16).",
+        help="Precision: float16 (default), bfloat16, float32, auto, int8 (calibrated SmoothQuant W8A8), int8-wo (W8A16), fp8 (calibrated FP8 W8A8, SM 89+).",
     ),
     click.option(
         "--kv-cache",
-        type=click.Choice(["model", "int8"]),
-        help="KV cache precision: the model dtype (default) or int8 (calibrated; with any --dtype).",
+        type=click.Choice(KV_CACHE_CHOICES),
+        help="KV cache precision: the model dtype (default), int8 or fp8 (SM 89+); both "
+        "calibrated (int8 with any --dtype but fp8, fp8 with any).",
     ),
     click.option(
         "--sq-alpha",

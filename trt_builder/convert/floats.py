@@ -26,7 +26,7 @@ from ..models.family import Family, TensorRule
 from ..spec.modes import QuantMode, WeightOnlyInt8
 from .clipping import CLIPPED_LINEARS, ClipTally, clip_weight
 from .clipping import record as clipping_record
-from .kvcache import balance, qkv_ranges, refuse_unsupported
+from .kvcache import balance, fp8_kv_scale, qkv_ranges, refuse_unsupported
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
@@ -92,7 +92,7 @@ def convert_checkpoint(
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary
     (`remember`: given each rank file's sha256, hashed as it was written). The
-    INT8 KV cache (`mode.kv_int8`) takes its scales from the statistics in `calibration`, and
+    INT8 and FP8 KV caches take their scales from the statistics in `calibration`, and
     INT8 weight-only clipping (`mode.clip`) its weighting; without them the weights are
     written unclipped (the builder's plain rounding)."""
     family, config, rules, index, notes = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
@@ -103,8 +103,10 @@ def convert_checkpoint(
     inputs: dict[str, torch.Tensor] = {}
     tally = ClipTally()
     with index:  # closed here if the statistics are refused
-        if getattr(mode, "kv_int8", False):
+        if mode.kv_int8:
             rewrite, extras, inputs = _kv_cache(config, family, rules, calibration)
+        elif mode.kv_fp8:
+            extras = _fp8_kv_cache(config, family, rules, calibration)
         if isinstance(mode, WeightOnlyInt8) and mode.clip and calibration is not None:
             rewrite = _clipping(
                 rules, load_stats(calibration), rewrite, inputs, dtype, mapping.tp, tally
@@ -133,7 +135,7 @@ def convert_checkpoint(
             for rank, name, pieces in shard(extra, [tensor], mapping):
                 writers[rank].write(name, pieces)
     if extras:
-        config["quantization"]["kv_cache_quant_algo"] = "INT8"
+        config["quantization"]["kv_cache_quant_algo"] = mode.kv_cache_quant_algo
     if tally.rows:  # modelopt's checkpoints carry a producer too; TensorRT-LLM keeps it as is
         config["producer"] = {"name": "trt-builder", "weight_clipping": clipping_record()}
     summary = finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
@@ -167,6 +169,24 @@ def _kv_cache(
         inputs[prefix + "dense.weight"] = kv.dense_in
         extras[prefix + "kv_cache_scaling_factor"] = kv.scale
     return rewrite, extras, inputs
+
+
+def _fp8_kv_cache(
+    config: dict[str, Any], family: Family, rules: list[TensorRule], calibration: Path | None
+) -> dict[str, torch.Tensor]:
+    """The FP8 KV cache on a float or weight-only checkpoint: each layer's
+    kv_cache_scaling_factor (kvcache.fp8_kv_scale); the weights are written as they are."""
+    refuse_unsupported(config, family, {r.name for r in rules}, "fp8")
+    if calibration is None:
+        raise ConversionError("the FP8 KV cache needs a calibration: run trt-builder calibrate")
+    stats = load_stats(calibration)
+    return {
+        rule.name.removesuffix("qkv.weight") + "kv_cache_scaling_factor": fp8_kv_scale(
+            qkv_ranges(stats, rule.sources), config
+        )
+        for rule in rules
+        if rule.name.endswith(".attention.qkv.weight")
+    }
 
 
 def _clipping(

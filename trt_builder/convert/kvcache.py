@@ -116,13 +116,39 @@ def qkv_ranges(stats: dict[str, torch.Tensor], sources: tuple[str, ...]) -> torc
         ) from None
 
 
-def refuse_unsupported(config: dict[str, Any], family: Family, names: set[str]) -> None:
-    """The INT8 KV cache needs ranges of what the cache holds: refuse the families whose
+def fp8_kv_scale(ranges: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
+    """The FP8 KV cache's kv_cache_scaling_factor of one layer (float32 [1], a dequantization
+    scale: the cache holds e4m3 of x / s) from the calibrated absmax of each qkv output row, by
+    modelopt's convention (export_tensorrt_llm_checkpoint): max(amax_k, amax_v) / 448, never
+    below 1.0. K is read after RoPE, which rotates each pair (d, d + rotary / 2): its bound is
+    sqrt(a_d^2 + a_d'^2). No balancing: e4m3 is a float format, its relative step is the same
+    at any magnitude its range covers."""
+    heads, kv_heads, head, rotary = shape_of(config)
+    q_dim, kv_dim = heads * head, kv_heads * head
+    if ranges.numel() != q_dim + 2 * kv_dim:
+        raise ConversionError(
+            f"the calibration has {ranges.numel()} qkv output channels, the config implies "
+            f"{q_dim + 2 * kv_dim}: recalibrate this model (trt-builder calibrate --force)"
+        )
+    ranges = ranges.float()
+    a_k = ranges[q_dim : q_dim + kv_dim].view(kv_heads, head).clone()
+    half = rotary // 2
+    if half:
+        pair = torch.hypot(a_k[:, :half], a_k[:, half:rotary])
+        a_k[:, :half], a_k[:, half:rotary] = pair, pair
+    amax = torch.maximum(a_k.amax(), ranges[q_dim + kv_dim :].amax())
+    return (amax / 448.0).clamp(min=1.0).reshape(1)
+
+
+def refuse_unsupported(
+    config: dict[str, Any], family: Family, names: set[str], kv_cache: str = "int8"
+) -> None:
+    """A quantized KV cache needs ranges of what the cache holds: refuse the families whose
     registry entry says it does not apply, and (whatever the entry says) a checkpoint with q/k
     norms after the projections."""
     normed = any(n.endswith("attention.k_layernorm.weight") for n in names)
     if not family.int8_kv_cache or normed:
         raise ConversionError(
-            f"--kv-cache int8 is not supported for {config['architecture']} (q/k norms after "
-            "the projections) yet: drop --kv-cache int8"
+            f"--kv-cache {kv_cache} is not supported for {config['architecture']} (q/k norms "
+            f"after the projections) yet: drop --kv-cache {kv_cache}"
         )

@@ -1,6 +1,6 @@
 """The converter of each quantization mode, chosen by the mode's type: the float and INT8
-weight-only modes (floats.py, with the INT8 KV cache's balancing), and SmoothQuant
-(smoothquant.py, with the recipe stage's alphas when alpha is "auto")."""
+weight-only modes (floats.py, with the INT8 KV cache's balancing), SmoothQuant
+(smoothquant.py, with the recipe stage's alphas when alpha is "auto") and FP8 (fp8.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 
 from ..core.errors import ConversionError
 from ..core.fsio import write_json
-from ..spec.modes import FloatMode, QuantMode, SmoothQuant, WeightOnlyInt8
+from ..spec.modes import FloatMode, Fp8, QuantMode, SmoothQuant, WeightOnlyInt8
 from .floats import convert_checkpoint
+from .fp8 import convert_fp8
 from .smoothquant import convert_smoothquant
 
 
@@ -65,3 +66,11 @@ def _smoothquant(mode: SmoothQuant, hf_dir: Path, out_dir: Path, *, tp: int, pp:
         write_json(out_dir / "recipe.json", found)  # trtllm-build reads only its own files
         summary["recipe"] = {k: found[k] for k in ("chosen", "alpha", "tokens", "device")}
     return summary
+
+
+@convert_model.register(Fp8)
+def _fp8(mode: Fp8, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
+         calibration: Path | None, recipe: Path | None = None,
+         remember: Callable[[Path, str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    assert calibration is not None  # FP8 always calibrates: the activation scales
+    return convert_fp8(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp, remember=remember)

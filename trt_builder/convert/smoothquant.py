@@ -23,9 +23,7 @@ TensorRT-LLM's converter needs TensorRT-LLM, and modelopt's exporter writes the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +31,16 @@ import torch
 
 from ..calibrate.stats import load_stats
 from ..checkpoint.mapping import Mapping
-from ..checkpoint.parallel import shard
-from ..checkpoint.safetensors_io import StreamingWriter
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import refuse_smoothquant
 from ..runtimes.int8 import GEMMS, GROUPS, KEEPS_SMOOTHER, group_name, quantize_rows, smoother
 from ..spec.modes import FloatMode, SmoothQuant
-from .kvcache import KVBalance, balance, qkv_ranges, refuse_unsupported
+from .kvcache import KVBalance, balance, fp8_kv_scale, qkv_ranges, refuse_unsupported
+from .layers import LayerJob, split_layers
 from .plan import plan_conversion
-from .write import checker, finish, load_sources
+from .write import finish
 
 F32 = torch.float32
 #: The norms in front of qkv and fc, which take their smoothers (with biases: GPT-2's LayerNorm).
@@ -149,7 +146,7 @@ def convert_smoothquant(
     )
     with ExitStack() as stack:
         stack.enter_context(index)  # closed on every way out, refusals included
-        job = _Job.plan(mode, calibration, alphas, config, family, rules, index)
+        job = plan_job(mode, calibration, alphas, config, family, rules, index)
         tensors = job.write(stack, out_dir, remember)
     # config.json last, once every rank file is complete
     summary = finish(out_dir, config, family, tensors=tensors, notes=notes)
@@ -163,8 +160,8 @@ def _refuse(
     refuse_smoothquant(family, config["architecture"])
     if mode.alpha is None:
         raise ConversionError("SmoothQuant alpha is not chosen: run the recipe search first")
-    if mode.kv_int8:
-        refuse_unsupported(config, family, {r.name for r in rules})
+    if mode.kv_cache != "model":
+        refuse_unsupported(config, family, {r.name for r in rules}, mode.kv_cache)
 
 
 def _missing_statistics(
@@ -217,140 +214,43 @@ def _under_source_names(
     return out
 
 
-def _meta(rule: TensorRule) -> torch.Tensor:
-    return torch.empty(rule.shape, device="meta")
+def plan_job(
+    mode: SmoothQuant,
+    calibration: Path,
+    alphas: dict[int, dict[str, float]] | None,
+    config: dict[str, Any],
+    family: Family,
+    rules: list[TensorRule],
+    index: Any,
+) -> LayerJob:
+    """Check what can be checked before writing; the quantization goes into `config`."""
+    _refuse(mode, config, family, rules)
+    # the layer arithmetic runs on the GPU where there is one (the tensors are written from
+    # the CPU); statistics are small, and go there once
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    stats = {k: v.to(device) for k, v in load_stats(calibration).items()}
+    layers, others = split_layers(rules)
+    stats = _under_source_names(stats, layers)
+    _missing_statistics(layers, stats)
+    config["quantization"].update(
+        quant_algo=mode.quant_algo,
+        kv_cache_quant_algo=mode.kv_cache_quant_algo,
+        smoothquant_val=mode.alpha,
+    )
+    dtype = torch_dtype(mode.dtype)
 
-
-@dataclass
-class _Job:
-    """One SmoothQuant conversion: the decoder layers' rules (by layer), the other tensors
-    (embedding first, then ln_f and lm_head), and how each layer is smoothed and quantized."""
-
-    mode: SmoothQuant
-    stats: dict[str, torch.Tensor]
-    alphas: dict[int, dict[str, float]] | None
-    config: dict[str, Any]
-    layers: dict[int, list[TensorRule]]
-    others: list[TensorRule]
-    index: Any
-    dtype: torch.dtype
-    mapping: Mapping
-    device: str = "cpu"
-
-    @classmethod
-    def plan(cls, mode: SmoothQuant, calibration: Path,
-             alphas: dict[int, dict[str, float]] | None, config: dict[str, Any], family: Family,
-             rules: list[TensorRule], index: Any) -> _Job:  # fmt: skip
-        """Check what can be checked before writing; the quantization goes into `config`."""
-        _refuse(mode, config, family, rules)
-        # the layer arithmetic runs on the GPU where there is one (the tensors are written from
-        # the CPU); statistics are small, and go there once
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        stats = {k: v.to(device) for k, v in load_stats(calibration).items()}
-        layers: dict[int, list[TensorRule]] = {}
-        others: list[TensorRule] = []
-        for rule in rules:
-            if rule.name.startswith("transformer.layers."):
-                layers.setdefault(int(rule.name.split(".")[2]), []).append(rule)
-            else:
-                others.append(rule)
-        stats = _under_source_names(stats, layers)
-        _missing_statistics(layers, stats)
-        config["quantization"].update(
-            quant_algo=mode.quant_algo,
-            kv_cache_quant_algo="INT8" if mode.kv_int8 else None,
-            smoothquant_val=mode.alpha,
-        )
-        return cls(mode, stats, alphas, config, layers, others, index, torch_dtype(mode.dtype),
-                   Mapping.from_config(config), device)  # fmt: skip
-
-    def layer(self, i: int, read: Any) -> dict[str, torch.Tensor]:
-        """Layer i's checkpoint tensors, from its float tensors as `read` gives them."""
-        group = self.layers[i]
-        floats = {r.name.split(".", 3)[3]: read(r) for r in group}
-        sources = {r.name.split(".", 3)[3]: r.sources for r in group}
+    def layer_tensors(
+        i: int, floats: dict[str, torch.Tensor], sources: dict[str, tuple[str, ...]]
+    ) -> dict[str, torch.Tensor]:
         kv = None
-        if self.mode.kv_int8:
-            kv = balance(qkv_ranges(self.stats, sources["attention.qkv.weight"]), self.config)
-        tensors = _layer_tensors(floats, self.stats, sources, self.mode, self.dtype, kv,
-                                 (self.alphas or {}).get(i))  # fmt: skip
-        return {f"transformer.layers.{i}.{k}": v for k, v in tensors.items()}
+        if mode.kv_int8:
+            kv = balance(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
+        out = _layer_tensors(floats, stats, sources, mode, dtype, kv, (alphas or {}).get(i))
+        if mode.kv_fp8:
+            out["attention.kv_cache_scaling_factor"] = fp8_kv_scale(
+                qkv_ranges(stats, sources["attention.qkv.weight"]), config
+            ).to(floats["attention.qkv.weight"].device)
+        return out
 
-    def real(self, rule: TensorRule) -> torch.Tensor:
-        """A rule's source tensors, concatenated, in float32; refuses NaN and Inf."""
-        parts = load_sources(rule, self.index)
-        tensor = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(self.device).float()
-        if not bool(torch.isfinite(tensor).all()):
-            raise ConversionError(
-                f"{rule.name} ({', '.join(rule.sources)}) contains NaN or Inf values"
-            )
-        return tensor
-
-    def rank_plans(self) -> list[dict[str, tuple[torch.dtype, tuple[int, ...]]]]:
-        """Each rank file's tensors (dtype, shape) in writing order, from meta tensors: split
-        into ranks as the float layout's (checkpoint/parallel.py)."""
-        plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [
-            {} for _ in range(self.mapping.world)
-        ]
-
-        def add(name: str, t: torch.Tensor) -> None:
-            for rank, local, pieces in shard(name, [t], self.mapping):
-                shape = (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:])
-                plans[rank][local] = (t.dtype, shape)
-
-        for rule in self.others[:1]:  # the embedding first, as in the float layout
-            add(rule.name, torch.empty(rule.shape, dtype=self.dtype, device="meta"))
-        for i in sorted(self.layers):
-            for name, t in self.layer(i, _meta).items():
-                add(name, t)
-        for rule in self.others[1:]:
-            add(rule.name, torch.empty(rule.shape, dtype=self.dtype, device="meta"))
-        return plans
-
-    def write(
-        self, stack: ExitStack, out_dir: Path, remember: Callable[[Path, str], None] | None
-    ) -> int:
-        """Smooth, quantize and write every rank file; the count of tensors written."""
-        plans = self.rank_plans()
-        writers = [
-            stack.enter_context(
-                StreamingWriter(
-                    out_dir / f"rank{rank}.safetensors", plan, {"format": "pt"}, remember
-                )
-            )
-            for rank, plan in enumerate(plans)
-        ]
-
-        def put(name: str, parts: list[torch.Tensor], check: Any = None) -> None:
-            for rank, local, pieces in shard(name, parts, self.mapping):
-                writers[rank].write(local, pieces, check)
-
-        for rule in self.others[:1]:
-            put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
-        order = sorted(self.layers)
-        # the next layer's float tensors are read (and moved to the GPU) on a thread while
-        # this one is smoothed, quantized and written: reading and writing overlap
-        with ThreadPoolExecutor(1, thread_name_prefix="convert-read") as pool:
-            ahead = pool.submit(self.read_layer, order[0]) if order else None
-            for n, i in enumerate(order):
-                assert ahead is not None
-                floats = ahead.result()
-                if n + 1 < len(order):
-                    ahead = pool.submit(self.read_layer, order[n + 1])
-                self.write_layer(i, floats, put)
-        for rule in self.others[1:]:
-            put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))
-        return sum(len(p) for p in plans)
-
-    def read_layer(self, i: int) -> dict[str, torch.Tensor]:
-        """Layer i's float tensors (`real`), by rule name."""
-        return {rule.name: self.real(rule) for rule in self.layers[i]}
-
-    def write_layer(self, i: int, floats: dict[str, torch.Tensor], put: Any) -> None:
-        """Smooth, quantize and write layer i from its float tensors."""
-        for name, tensor in self.layer(i, lambda rule: floats[rule.name]).items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise ConversionError(
-                    f"{name} is not finite after smoothing: recalibrate (trt-builder calibrate --force)"
-                )
-            put(name, [tensor.cpu()])
+    return LayerJob(layer_tensors, layers, others, index, dtype, Mapping.from_config(config),
+                    device)  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 #: Bytes per element of the dtypes a checkpoint, an activation or a KV cache can have.
-BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1}
+BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "fp8": 1}
 #: The floating-point dtypes a checkpoint is written in.
 FLOATS = ("float16", "bfloat16", "float32")
 

@@ -55,10 +55,18 @@ def build_command(
     release: Release = RELEASES[-1],
 ) -> list[str]:
     """The trtllm-build argv for this spec and release. Paged context FMHA is turned off for
-    the INT8 KV cache (TensorRT-LLM would turn it off itself, with a warning, and with it KV
-    reuse and chunked context), so the command says what the engine will be."""
+    the INT8 KV cache and for an FP8 KV cache beside non-FP8 linears (TensorRT-LLM would turn it
+    off itself, with a warning, and with it KV reuse and chunked context), and FP8 checkpoints
+    say whether FP8 context FMHA runs, so the command says what the engine will be. FP8 GEMMs:
+    `--gemm_plugin auto` (the model dtype) leaves FP8Linear as quantize/dequantize around
+    TensorRT's own FP8 matmul; the fp8 GEMM plugin is "experimental" upstream, for batch <= 4."""
     lim = spec.limits
-    kv_int8 = bool(getattr(spec.mode, "kv_int8", False))
+    mode = spec.mode
+    fp8 = mode.quant_algo == "FP8"
+    # TensorRT-LLM's builder turns paged context FMHA off for the INT8 KV cache, and for the FP8
+    # one unless the linears are FP8 too (then it runs FP8 context FMHA instead: said
+    # explicitly, since the flag's default changed between releases)
+    paged_off = mode.kv_int8 or (mode.kv_fp8 and not fp8)
 
     def planned(value: int | None) -> str:  # None: the memory plan decides, once it has the config
         return UNPLANNED if value is None else str(value)
@@ -78,9 +86,11 @@ def build_command(
         "--tokens_per_block", "32",
         "--remove_input_padding", "enable",
         "--context_fmha", "enable",
-        "--use_paged_context_fmha", "disable" if kv_int8 else "enable",
+        "--use_paged_context_fmha", "disable" if paged_off else "enable",
         "--workers", str(spec.tp * spec.pp),
     ]  # fmt: skip
+    if fp8:  # FP8 context FMHA goes with the FP8 KV cache only (builder.py drops it otherwise)
+        argv += ["--use_fp8_context_fmha", "enable" if mode.kv_fp8 else "disable"]
     rejected = [flag for flag in argv if flag in release.rejects]
     if rejected:  # a table bug, never the user's: fail loudly
         raise EngineError(

@@ -15,9 +15,11 @@ from .build import find_toolchain
 from .host import gpu_info
 from .releases import release_for
 
-#: Build modes, as `--dtype` (and the INT8 KV cache).
-MODES = ("float16", "bfloat16", "float32", "int8-wo", "int8", "kv-cache int8")
+#: Build modes, as `--dtype` (and the quantized KV caches).
+MODES = ("float16", "bfloat16", "float32", "int8-wo", "int8", "kv-cache int8", "fp8",
+         "kv-cache fp8")  # fmt: skip
 INT8_MODES = ("int8-wo", "int8", "kv-cache int8")
+FP8_MODES = ("fp8", "kv-cache fp8")
 
 
 def cuda_driver_version() -> str | None:
@@ -65,6 +67,8 @@ def buildable(trtllm: str, trtllm_build: str | None, found: list[dict[str, Any]]
             answer[mode] = f"no: bfloat16 needs SM 80 or newer, this GPU is SM {sm}"
         elif mode in INT8_MODES and 100 <= sm < 120:
             answer[mode] = f"no: TensorRT-LLM refuses INT8 and SmoothQuant on SM {sm} (SM 100-119)"
+        elif mode in FP8_MODES and sm < 89:
+            answer[mode] = f"no: FP8 needs SM 89 or newer, this GPU is SM {sm}"
         else:
             answer[mode] = "yes"
     return answer

@@ -3,10 +3,10 @@ sequences its KV cache then holds (docs/engine.md has the arithmetic and a worke
 
 Per rank (the largest, when pipeline stages differ):
 - weights: the decoder's linears split over tp (KV heads duplicated when fewer than tp), 2 bytes
-  a parameter in float16/bfloat16 (4 in float32, 1 in INT8 plus its scales), norms, and the
+  a parameter in float16/bfloat16 (4 in float32, 1 in INT8 or FP8 plus its scales), norms, and the
   embedding (first stage, whole on every tp rank) and lm_head (last stage, vocabulary split).
 - KV cache per token: 2 (K and V) x layers of the stage x KV heads of the rank x head size x
-  the cache's element size (1 for the INT8 KV cache).
+  the cache's element size (1 for the INT8 and FP8 KV caches).
 - activations: an estimate of what TensorRT reserves at build time for the largest batch of
   tokens (`max_num_tokens` tokens through one layer: hidden states, qkv, attention output, the
   MLP's intermediate, in the model dtype, doubled for the buffers alive at once) plus the logits
@@ -28,7 +28,7 @@ from ..models.registry import family_for, family_of_checkpoint
 from ..models.shape import AttentionShape
 from ..spec.build import BuildLimits as Limits  # the spec's own limits
 from ..spec.gpus import GPUS, GpuSpec
-from ..spec.modes import SmoothQuant, WeightOnlyInt8
+from ..spec.modes import Fp8, SmoothQuant, WeightOnlyInt8
 
 GIB = 1024**3
 #: TensorRT-LLM's default share of the free memory for the KV cache.
@@ -78,7 +78,7 @@ class MemoryPlan:
     tp: int
     pp: int
     dtype: str
-    weight_dtype: str  # the linears': float16 / int8
+    weight_dtype: str  # the linears': float16 / int8 / fp8
     kv_dtype: str
     weight_bytes: int  # per rank, the largest
     kv_bytes_per_token: int  # per rank
@@ -118,15 +118,21 @@ def _kv_heads_per_rank(shape: ModelShape, tp: int) -> int:
     return max(1, shape.kv_heads // tp)  # fewer KV heads than ranks: each rank holds a copy
 
 
-def weight_bytes(shape: ModelShape, tp: int, pp: int, dtype: str, int8_linears: bool) -> int:
-    """Bytes of the largest rank's weights."""
+def weight_bytes(
+    shape: ModelShape, tp: int, pp: int, dtype: str, linear_dtype: str | None = None
+) -> int:
+    """Bytes of the largest rank's weights; `linear_dtype`: the decoder linears' (int8, fp8),
+    when not the model dtype."""
     act = BYTES[dtype]
-    per_param = 1 if int8_linears else act
+    per_param = BYTES[linear_dtype or dtype]
     qkv_out = (shape.heads // tp + 2 * _kv_heads_per_rank(shape, tp)) * shape.head
     mlp_in = (3 if shape.gated else 2) * shape.intermediate // tp
     linear_params = shape.hidden * qkv_out + shape.heads // tp * shape.head * shape.hidden
     linear_params += shape.hidden * mlp_in
-    scales = (qkv_out + shape.hidden + mlp_in + shape.hidden) * 4 if int8_linears else 0
+    # INT8: a float32 scale per output row (and smoothers); FP8: two float32 per linear
+    scales = {"int8": (qkv_out + shape.hidden + mlp_in + shape.hidden) * 4, "fp8": 5 * 8}.get(
+        linear_dtype or "", 0
+    )
     per_layer = linear_params * per_param + scales + 2 * shape.hidden * act
     layers = shape.layers // pp
     embedding = shape.vocab * shape.hidden * act
@@ -160,18 +166,19 @@ def plan(
     tp: int,
     pp: int,
     dtype: str,
-    int8_linears: bool,
-    kv_int8: bool,
+    linear_dtype: str | None,
+    kv_dtype: str | None,
     limits: Limits,
     kv_fraction: float = KV_FRACTION,
 ) -> MemoryPlan:
-    """The memory plan of a model (its TensorRT-LLM config) on `gpu`, for resolved limits."""
+    """The memory plan of a model (its TensorRT-LLM config) on `gpu`, for resolved limits;
+    `linear_dtype` (int8, fp8) and `kv_dtype` (int8, fp8): None for the model dtype."""
     if not limits.resolved:
         raise ValueError("internal: plan() needs resolved limits (memplan.resolve_limits)")
     shape = ModelShape.from_config(config)
     spec: GpuSpec = GPUS[gpu]
-    kv_dtype = "int8" if kv_int8 else dtype
-    weights = weight_bytes(shape, tp, pp, dtype, int8_linears)
+    kv_dtype = kv_dtype or dtype
+    weights = weight_bytes(shape, tp, pp, dtype, linear_dtype)
     activations = activation_bytes(shape, tp, dtype, limits)
     total = int(spec.memory_gib * GIB)
     free = total - weights - activations - OVERHEAD_BYTES
@@ -181,7 +188,7 @@ def plan(
         tp=tp,
         pp=pp,
         dtype=dtype,
-        weight_dtype="int8" if int8_linears else dtype,
+        weight_dtype=linear_dtype or dtype,
         kv_dtype=kv_dtype,
         weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(shape, tp, pp, kv_dtype),
@@ -204,7 +211,7 @@ def _replan(config: dict[str, Any], memory: MemoryPlan, **changes: Any) -> Memor
     """`memory`'s plan again with some of its inputs changed."""
     inputs = {
         "gpu": memory.gpu, "tp": memory.tp, "pp": memory.pp, "dtype": memory.dtype,
-        "int8_linears": memory.weight_dtype == "int8", "kv_int8": memory.kv_dtype == "int8",
+        "linear_dtype": memory.weight_dtype, "kv_dtype": memory.kv_dtype,
         "limits": memory.limits, "kv_fraction": memory.kv_fraction,
     }  # fmt: skip
     return plan(config, **{**inputs, **changes})
@@ -221,8 +228,8 @@ def alternatives(config: dict[str, Any], memory: MemoryPlan, *, gpu_count: int =
             if trial.fits:
                 found.append(f"--tp {tp} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
                 break
-    if memory.weight_dtype != "int8":
-        trial = _replan(config, memory, int8_linears=True)
+    if memory.weight_dtype not in ("int8", "fp8"):
+        trial = _replan(config, memory, linear_dtype="int8")
         if trial.fits:
             found.append(f"--dtype int8 ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
     lim = memory.limits
@@ -285,8 +292,12 @@ def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
         tp=spec.tp,
         pp=spec.pp,
         dtype=dtype,
-        int8_linears=isinstance(mode, (SmoothQuant, WeightOnlyInt8)),
-        kv_int8=bool(getattr(mode, "kv_int8", False)),
+        linear_dtype="fp8"
+        if isinstance(mode, Fp8)
+        else "int8"
+        if isinstance(mode, (SmoothQuant, WeightOnlyInt8))
+        else None,
+        kv_dtype={"int8": "int8", "fp8": "fp8"}.get(mode.kv_cache),
         limits=lim,
         kv_fraction=spec.triton.kv_cache_free_gpu_mem_fraction,
     )

@@ -20,6 +20,7 @@ from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
+from .fp8 import E4M3, fp8_kernel_runs, fp8_matmul, to_e4m3
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 
 
@@ -135,6 +136,7 @@ class CheckpointRuntime:
         self.smoothquant = str(self.quant_algo or "").startswith("W8A8_SQ_")
         self.per_token = "PER_TOKEN" in str(self.quant_algo or "")
         self.kv_int8 = quant.get("kv_cache_quant_algo") == "INT8"
+        self.kv_fp8 = quant.get("kv_cache_quant_algo") == "FP8"
         self.w = {k: v.to(device) for k, v in weights.items()}
         attention = AttentionShape.of(config)
         self.heads, self.kv_heads, self.head = (
@@ -171,6 +173,8 @@ class CheckpointRuntime:
         w = self.w[name]
         if w.dtype == torch.int8 and self.smoothquant:
             return w.float()  # exact integers; the scales are applied around the GEMM
+        if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
+            return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
         if w.dtype == torch.int8:
             raise InputError(
                 f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"
@@ -188,6 +192,8 @@ class CheckpointRuntime:
         (the SmoothQuant GEMM needs none: its int32 accumulation is exact at any shape)."""
         if self.smoothquant and self.w[name + ".weight"].dtype == torch.int8:
             return self._sq_linear(x, name)
+        if self.w[name + ".weight"].dtype == E4M3:
+            return self._fp8_linear(x, name, fixed=fixed)
         weight = self._dense[name + ".weight"]
         y = _fixed_rows_matmul(x, weight) if fixed else x @ weight.T
         bias = self._dense.get(name + ".bias")
@@ -215,6 +221,23 @@ class CheckpointRuntime:
             row_scale = d[f"{name}.act_scale"].reshape(())
         acc = int8_matmul(q, self.w[f"{name}.weight"])  # int32 accumulation, exact
         y = acc * d[f"{name}.per_channel_scale"].reshape(-1) * row_scale
+        bias = d.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
+
+    def _fp8_linear(self, x: torch.Tensor, name: str, *, fixed: bool = False) -> torch.Tensor:
+        """TensorRT-LLM's FP8Linear: e4m3(x / a) times the e4m3 weight, float32 sums scaled by
+        a * w (runtimes/fp8.py); `fixed`: on DECODE_ROWS-row blocks (the float32 sums, like a
+        float GEMM's, follow the kernel the shape picks)."""
+        d = self._dense
+        a, ws = d[f"{name}.activation_scaling_factor"], d[f"{name}.weights_scaling_factor"]
+        weight, stored = self.w[f"{name}.weight"], d[f"{name}.weight"]
+        w_float = None if stored.dtype == E4M3 else stored
+
+        def gemm(rows: torch.Tensor) -> torch.Tensor:
+            return fp8_matmul(to_e4m3(rows, a), weight, a, ws, w_float=w_float)
+
+        flat = x.reshape(-1, x.shape[-1])
+        y = (_in_blocks(gemm, flat) if fixed else gemm(flat)).reshape(*x.shape[:-1], -1)
         bias = d.get(name + ".bias")
         return self._round(y if bias is None else y + bias)
 
@@ -299,9 +322,13 @@ class CheckpointRuntime:
         return self._linear(attn, f"{p}.dense", fixed=True)
 
     def _kv_store(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if not self.kv_int8:
+        """What the KV cache gives back of x: INT8, round(x / s) * s; FP8, e4m3(x / s) * s
+        (saturating, as the engine's cast does); else x."""
+        if not (self.kv_int8 or self.kv_fp8):
             return x
         scale = self._dense[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"].reshape(())
+        if self.kv_fp8:
+            return self._round(to_e4m3(x, scale).float() * scale)
         return self._round(torch.round(x / scale).clamp(-128, 127) * scale)
 
     def _mask(self, cache: KVCache, t: int, total: int) -> torch.Tensor:

@@ -235,7 +235,7 @@ class BuildSpec:
     require_engine: bool = False
     verify: VerifyOptions = field(default_factory=VerifyOptions)
     calibrate: CalibrationOptions = field(default_factory=CalibrationOptions)
-    kv_cache: str = "model"  # or "int8": the INT8 KV cache (any dtype; calibrates)
+    kv_cache: str = "model"  # int8 or fp8: a quantized KV cache (calibrated)
     int8: Int8Options = field(default_factory=lambda: Int8Options())
 
     def __post_init__(self) -> None:
@@ -259,8 +259,22 @@ class BuildSpec:
             raise SpecError(
                 f"--target-gpu {self.target_gpu} is SM {sm}, where TensorRT-LLM builds no INT8 "
                 f"(weight-only, SmoothQuant or the INT8 KV cache; --dtype {self.dtype}, "
-                f"--kv-cache {self.kv_cache}): use --dtype float16 or bfloat16 with --kv-cache "
-                "model there, or target an SM 80-90 GPU (A100, H100, H200)"
+                f"--kv-cache {self.kv_cache}): use --dtype fp8, float16 or bfloat16 with "
+                "--kv-cache model or fp8 there, or target an SM 80-90 GPU (A100, H100, H200)"
+            )
+        fp8 = [flag for flag, on in (("--dtype fp8", mode.name.startswith("fp8")),
+                                     ("--kv-cache fp8", mode.kv_fp8)) if on]  # fmt: skip
+        if fp8 and sm < 89:
+            # no FP8 GEMM kernel below SM 89; TensorRT-LLM's support matrix lists FP8 (the KV
+            # cache included) on SM 89 and up only (docs/quantization.md)
+            raise SpecError(
+                f"--target-gpu {self.target_gpu} is SM {sm}, which has no FP8 ({' and '.join(fp8)} "
+                "need SM 89 or newer: L4, L40S, H100, H200, B200): use --dtype int8 or "
+                "float16 there, with --kv-cache int8 or model"
+            )
+        if mode.name.startswith("fp8") and mode.kv_int8:
+            raise SpecError(
+                "--dtype fp8 with --kv-cache int8 is not built: use --kv-cache fp8 (or model)"
             )
         gemm = self.engine.gemm_plugin
         if gemm != "auto" and mode.dtype != "auto" and gemm != mode.dtype:

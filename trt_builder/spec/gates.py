@@ -33,6 +33,8 @@ DEFAULT_GATES: dict[str, Gate] = {
     # ... with one static activation scale per tensor (--sq-granularity per-tensor): a coarser
     # format; SmolLM2 with searched alphas: top-1 0.82, KL 0.12, perplexity +3.8%
     "int8-static": Gate(min_top1=0.75, max_kl=0.2, max_ppl_delta_pct=6.0),
+    # FP8 per-tensor W8A8 with calibrated amax scales
+    "fp8": Gate(min_top1=0.85, max_kl=0.1, max_ppl_delta_pct=5.0),
 }
 
 
@@ -40,16 +42,26 @@ DEFAULT_GATES: dict[str, Gate] = {
 #: decodes an INT8-KV-cache checkpoint's held-out text through the cache, where its rounding
 #: shows (docs/verify.md), and the cache is to cost at most this over the same build without it.
 KV_INT8_PPL_POINTS = 0.5
+#: The same for the FP8 KV cache (e4m3 keeps 3 mantissa bits: a coarser cache than INT8's
+#: balanced one on the default model, docs/benchmarks.md).
+KV_FP8_PPL_POINTS = 1.5
 
 
 def gate_key(mode: str) -> str:
     """The DEFAULT_GATES key of a mode name (int8-sq and int8-sq-kv8 share int8's, the static
-    int8-sq-static* int8-static's; int8-wo-noclip int8-wo's; float16-kv8 float16's)."""
+    int8-sq-static* int8-static's; int8-wo-noclip int8-wo's; float16-kv8 and float16-fp8kv
+    float16's, fp8-fp8kv fp8's)."""
+    if mode.startswith("fp8"):
+        return "fp8"
     if mode.startswith("int8-sq-static"):
         return "int8-static"
     if mode.startswith("int8-sq"):
         return "int8"
-    return "int8-wo" if mode.startswith("int8-wo") else mode.removesuffix("-kv8")
+    return (
+        "int8-wo"
+        if mode.startswith("int8-wo")
+        else mode.removesuffix("-kv8").removesuffix("-fp8kv")
+    )
 
 
 def gate_for(
@@ -62,8 +74,10 @@ def gate_for(
 ) -> Gate:
     """The default gate of a mode, with the spec's overrides (None keeps the default)."""
     default = DEFAULT_GATES[gate_key(mode)]
-    if mode.endswith("-kv8") and default.max_ppl_delta_pct is not None:
-        default = replace(default, max_ppl_delta_pct=default.max_ppl_delta_pct + KV_INT8_PPL_POINTS)
+    points = {"-kv8": KV_INT8_PPL_POINTS, "-fp8kv": KV_FP8_PPL_POINTS}
+    for suffix, extra in points.items():
+        if mode.endswith(suffix) and default.max_ppl_delta_pct is not None:
+            default = replace(default, max_ppl_delta_pct=default.max_ppl_delta_pct + extra)
     return Gate(
         min_top1=default.min_top1 if min_top1 is None else min_top1,
         max_kl=default.max_kl if max_kl is None else max_kl,
@@ -76,7 +90,7 @@ def gate_for(
 
 def checkpoint_mode(checkpoint: Path) -> str:
     """The mode name of a TensorRT-LLM checkpoint directory: a DEFAULT_GATES key, with "-kv8"
-    for the INT8 KV cache."""
+    for the INT8 KV cache and "-fp8kv" for the FP8 one."""
     try:
         config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
@@ -85,7 +99,9 @@ def checkpoint_mode(checkpoint: Path) -> str:
         ) from None
     quant = config.get("quantization") or {}
     algo = quant.get("quant_algo")
-    kv8 = "-kv8" if quant.get("kv_cache_quant_algo") == "INT8" else ""
+    kv8 = {"INT8": "-kv8", "FP8": "-fp8kv"}.get(str(quant.get("kv_cache_quant_algo")), "")
+    if algo == "FP8":
+        return "fp8" + kv8
     if algo == "W8A16":
         return "int8-wo" + kv8
     if str(algo).startswith("W8A8_SQ_"):

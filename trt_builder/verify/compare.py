@@ -417,10 +417,11 @@ def verify_checkpoint(
     lap("runtime_load")
     teacher_forced = getattr(candidate, "teacher_forced", True)
     decoded_from = None
-    if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "INT8":
+    kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
+    if kv_algo in ("INT8", "FP8"):
         decoded_from = DECODED_FROM if runtime == "reference" else None
         notes.append(
-            "the INT8 KV cache's error shows where tokens are read back from the cache: in "
+            f"the {kv_algo} KV cache's error shows where tokens are read back from the cache: in "
             "generation and in the held-out perplexity, whose windows are decoded token by token "
             f"after their first {DECODED_FROM}; not in the prompt set's teacher-forced figures, "
             "since a prefill attends to its own K/V unquantized (docs/quantization.md)"

@@ -401,6 +401,8 @@ def check_static(checkpoint: Path, config: dict[str, Any], weights: dict[str, to
     except TrtBuilderError as exc:
         return [], [f"the HF model could not be mapped for a static check ({exc})"]
     notes = []
+    if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "FP8":
+        expected_config["quantization"]["kv_cache_quant_algo"] = "FP8"  # weights as they are
     if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "INT8":
         # the INT8 KV cache's balancing rescales qkv rows and dense columns (kvcache.py)
         expected_config["quantization"]["kv_cache_quant_algo"] = "INT8"

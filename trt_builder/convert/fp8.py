@@ -1,0 +1,155 @@
+"""FP8 per-tensor W8A8 (`quant_algo: FP8`) in TensorRT-LLM's checkpoint format, and the FP8 KV
+cache's scales.
+
+Per decoder layer, for each GEMM TensorRT-LLM's FP8Linear / FP8RowLinear replaces (qkv, dense,
+fc, gate, proj):
+- `weight`: float8_e4m3fn of W / weights_scaling_factor, W first rounded to the model dtype (the
+  model modelopt quantizes is loaded in it), divided in float32 and cast as modelopt's exporter
+  casts it (round to nearest even; |W| / scale <= 448 by construction, clamped all the same:
+  the cast saturates on the CPU but need not elsewhere);
+- `weights_scaling_factor`: float32 (1,), amax(|W|) / 448, a dequantization scale; the fused qkv
+  has one over q, k and v together, and gate and fc share the larger of theirs (modelopt unifies
+  them; TensorRT-LLM's fuse_gate_mlp requantizes with the max anyway);
+- `activation_scaling_factor`: float32 (1,), the calibrated amax of the GEMM's input / 448.
+The GEMM computes e4m3(x / a) @ e4m3-weight^T * (a * w) (runtimes/fp8.py). Norms, biases, the
+embedding, ln_f and lm_head stay in the model dtype; `exclude_modules` lists lm_head and the
+embedding (modelopt writes ["lm_head"]; the embedding is listed too so that the config says
+what the file holds, docs/quantization.md). With the FP8 KV cache each layer gets
+`kv_cache_scaling_factor` (convert/kvcache.py fp8_kv_scale).
+
+Written by hand, like SmoothQuant's: TensorRT-LLM's converter needs TensorRT-LLM, and modelopt
+is a test oracle here, not a dependency (tests compare with its export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..calibrate.stats import load_stats
+from ..checkpoint.mapping import Mapping
+from ..core.dtypes import torch_dtype
+from ..core.errors import ConversionError
+from ..models.family import Family, TensorRule
+from ..runtimes.fp8 import E4M3, FP8_LINEARS, FP8_MAX
+from ..spec.modes import FloatMode, Fp8
+from .kvcache import fp8_kv_scale, qkv_ranges, refuse_unsupported
+from .layers import LayerJob, split_layers
+from .plan import plan_conversion
+from .write import finish
+
+F32 = torch.float32
+#: GEMMs that share one weight scale (gate and fc: one fused GEMM in the engine).
+SHARED_SCALE = {"mlp.fc.weight": "mlp.gate.weight", "mlp.gate.weight": "mlp.fc.weight"}
+#: What config.json's exclude_modules lists: the modules kept in the model dtype.
+EXCLUDED = ["lm_head", "transformer.vocab_embedding"]
+
+
+def weight_scale(weights: list[torch.Tensor]) -> torch.Tensor:
+    """weights_scaling_factor (float32 (1,)) of one GEMM's weight, or of weights that share one."""
+    amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
+    return (amax / FP8_MAX).clamp(min=torch.finfo(F32).tiny).reshape(1)
+
+
+def quantize_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 of weight / scale, as modelopt's exporter writes it."""
+    return (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
+
+
+def input_scale(stats: dict[str, torch.Tensor], module: str) -> torch.Tensor:
+    """activation_scaling_factor (float32 (1,)) from the calibrated absmax of `module`'s input."""
+    try:
+        amax = stats[f"{module}.input_absmax"].float().amax()
+    except KeyError:
+        raise ConversionError(
+            f"the calibration has no statistics for {module}: recalibrate this model "
+            "(trt-builder calibrate --force)"
+        ) from None
+    return (amax / FP8_MAX).clamp(min=torch.finfo(F32).tiny).reshape(1)
+
+
+def layer_tensors(
+    floats: dict[str, torch.Tensor],
+    stats: dict[str, torch.Tensor],
+    sources: dict[str, tuple[str, ...]],
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """One layer's FP8 checkpoint tensors, in writing order, from its float tensors
+    (TensorRT-LLM names without the layer prefix)."""
+    rounded = {n: t.to(dtype) for n, t in floats.items()}  # the model modelopt would load
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in rounded.items():
+        if name not in FP8_LINEARS:  # norms, biases, q/k norms
+            out[name] = tensor
+            continue
+        shared = [tensor] + (
+            [rounded[SHARED_SCALE[name]]] if SHARED_SCALE.get(name) in rounded else []
+        )
+        wsf = weight_scale(shared)
+        base = name.removesuffix(".weight")
+        out[name] = quantize_weight(tensor, wsf)
+        out[f"{base}.weights_scaling_factor"] = wsf.to(tensor.device)
+        module = sources[name][0].removesuffix(".weight")  # q/k/v and gate/up share one input
+        out[f"{base}.activation_scaling_factor"] = input_scale(stats, module).to(tensor.device)
+    return out
+
+
+def convert_fp8(
+    hf_dir: Path,
+    out_dir: Path,
+    mode: Fp8,
+    calibration: Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    remember: Callable[[Path, str], None] | None = None,
+) -> dict[str, Any]:
+    """Convert `hf_dir` with the statistics in `calibration` into an FP8 checkpoint."""
+    family, config, rules, index, notes = plan_conversion(
+        hf_dir, FloatMode(mode.dtype), tp=tp, pp=pp
+    )
+    with ExitStack() as stack:
+        stack.enter_context(index)  # closed on every way out, refusals included
+        job = _plan(mode, calibration, config, family, rules, index)
+        tensors = job.write(stack, out_dir, remember)
+    return finish(out_dir, config, family, tensors=tensors, notes=notes)
+
+
+def _plan(
+    mode: Fp8,
+    calibration: Path,
+    config: dict[str, Any],
+    family: Family,
+    rules: list[TensorRule],
+    index: Any,
+) -> LayerJob:
+    """Check what can be checked before writing; the quantization goes into `config`."""
+    if mode.kv_cache != "model":
+        refuse_unsupported(config, family, {r.name for r in rules}, mode.kv_cache)
+    if mode.kv_int8:  # BuildSpec refuses it first; this is for the library's callers
+        raise ConversionError("--dtype fp8 with --kv-cache int8 is not built: use --kv-cache fp8")
+    stats = load_stats(calibration)
+    layers, others = split_layers(rules)
+    config["quantization"].update(
+        quant_algo=mode.quant_algo,
+        kv_cache_quant_algo=mode.kv_cache_quant_algo,
+        exclude_modules=list(EXCLUDED),
+    )
+    dtype = torch_dtype(mode.dtype)
+
+    def tensors(
+        i: int, floats: dict[str, torch.Tensor], sources: dict[str, tuple[str, ...]]
+    ) -> dict[str, torch.Tensor]:
+        out = layer_tensors(floats, stats, sources, dtype)
+        if mode.kv_fp8:
+            scale = fp8_kv_scale(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
+            out["attention.kv_cache_scaling_factor"] = scale.to(
+                floats["attention.qkv.weight"].device
+            )
+        return out
+
+    return LayerJob(tensors, layers, others, index, dtype, Mapping.from_config(config), "cpu")
