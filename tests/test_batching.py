@@ -13,7 +13,7 @@ from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import InputError
 from trt_builder.runtimes.batching import InflightBatcher, Request, Sampling, generate, sample
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
-from trt_builder.spec.modes import FloatMode, SmoothQuant
+from trt_builder.spec.modes import FloatMode, Fp8, SmoothQuant
 
 pytestmark = pytest.mark.integration
 
@@ -161,8 +161,8 @@ def wide_llama(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.mark.parametrize(
     "mode",
     [FloatMode("float16"), FloatMode("bfloat16"), SmoothQuant(alpha=0.5),
-     SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8")],
-    ids=["float16", "bfloat16", "int8-sq", "int8-sq-tensor-kv8"],
+     SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8"), Fp8(kv_cache="fp8")],
+    ids=["float16", "bfloat16", "int8-sq", "int8-sq-tensor-kv8", "fp8-fp8kv"],
 )  # fmt: skip
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_request_decodes_bit_for_bit_as_alone_whatever_shares_its_step(
@@ -175,17 +175,18 @@ def test_a_request_decodes_bit_for_bit_as_alone_whatever_shares_its_step(
     the last bits, which int8 rounding made another token (11 of 48 answers on the default
     model)."""
     from trt_builder.calibrate.stats import calibrate
+    from trt_builder.convert.model import convert_model
     from trt_builder.runtimes.checkpoint import KVCache
     from trt_builder.spec.build import CalibrationOptions
 
     calibration = None
-    if isinstance(mode, SmoothQuant):
+    if mode.needs_calibration:  # type: ignore[attr-defined]
         calibration = tmp_path / "calibration"
         calibration.mkdir()
         calibrate(wide_llama, calibration, CalibrationOptions(samples=8, seq_len=64))
     ck = tmp_path / "ck"
     ck.mkdir()
-    convert_checkpoint(wide_llama, ck, mode, calibration=calibration)  # type: ignore[arg-type]
+    convert_model(mode, wide_llama, ck, tp=1, pp=1, calibration=calibration)  # type: ignore[arg-type]
     runtime = CheckpointRuntime.load(ck, device)
 
     def prefilled(prompts: list[list[int]]) -> tuple[list[KVCache], list[int]]:
