@@ -1,0 +1,129 @@
+"""FP8 on a CUDA GPU: the checkpoint runtime's tensor-core GEMMs (torch._scaled_mm) against its
+CPU simulation, next to the float16 checkpoint's CUDA-vs-CPU agreement (the noise floor of the
+other kernels) and FP8 against float16. A random Llama of SmolLM2-135M's width; `--std` sets
+its initializer range (a larger one gives peaked logits, as a trained model has).
+
+    python benchmarks/fp8_gpu.py --layers 4 --std 0.02 0.2
+    python benchmarks/fp8_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # the default model
+
+With `--gguf` it runs the default model instead (fetched from the GGUF as `build` fetches it,
+calibrated and converted as `build --dtype fp8 --kv-cache fp8` does) on verify's held-out text,
+and verifies the FP8 checkpoint on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _agree(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.argmax(-1) == b.argmax(-1)).float().mean())
+
+
+def main() -> None:
+    from tiny_models import make_tiny_llama, make_tokenizer
+    from trt_builder.calibrate.stats import calibrate
+    from trt_builder.convert.model import convert_model
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.spec.build import CalibrationOptions
+    from trt_builder.spec.modes import FloatMode, Fp8
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--std", type=float, nargs="+", default=[0.02, 0.2])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--gguf", type=Path)
+    args = parser.parse_args()
+    if args.gguf:
+        default_model(args.gguf)
+        return
+    with tempfile.TemporaryDirectory(prefix="fp8-gpu-") as tmp:
+        root = Path(tmp)
+        make_tokenizer(root / "tok")
+        for std in args.std:
+            work = root / f"std{std}"
+            make_tiny_llama(work / "hf", root / "tok", hidden_size=576, intermediate_size=1536,
+                            num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                            num_hidden_layers=args.layers, initializer_range=std)  # fmt: skip
+            (work / "cal").mkdir()
+            calibrate(work / "hf", work / "cal", CalibrationOptions(samples=8, seq_len=64))
+            cks = {}
+            for name, mode in (("fp8", Fp8(kv_cache="fp8")), ("float16", FloatMode("float16"))):
+                cks[name] = work / name
+                cks[name].mkdir()
+                convert_model(mode, work / "hf", cks[name], tp=1, pp=1, calibration=work / "cal")
+            gen = torch.Generator().manual_seed(3)
+            ids = torch.randint(3, 380, (args.prompts, args.tokens), generator=gen)
+            out: dict[tuple[str, str], torch.Tensor] = {}
+            for name, ck in cks.items():
+                for device in ("cpu", "cuda"):
+                    runtime = CheckpointRuntime.load(ck, device)
+                    start = time.perf_counter()
+                    out[name, device] = runtime.forward(ids.to(device)).cpu()
+                    elapsed = time.perf_counter() - start
+                    print(f"std {std} {name} {device}: forward {elapsed:.3f} s", flush=True)
+            n = ids.numel()
+            print(f"std {std}: teacher-forced top-1 over {n} positions: "
+                  f"fp8 cuda vs cpu {_agree(out['fp8', 'cuda'], out['fp8', 'cpu']):.4f}; "
+                  f"float16 cuda vs cpu {_agree(out['float16', 'cuda'], out['float16', 'cpu']):.4f}; "
+                  f"fp8 vs float16 (cpu) {_agree(out['fp8', 'cpu'], out['float16', 'cpu']):.4f}",
+                  flush=True)  # fmt: skip
+
+
+def default_model(gguf: Path) -> None:
+    from trt_builder.calibrate.corpus import corpus_windows
+    from trt_builder.calibrate.stats import calibrate
+    from trt_builder.convert.model import convert_model
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.source.fetch import fetch_gguf
+    from trt_builder.source.hf import load_tokenizer
+    from trt_builder.spec.build import CalibrationOptions
+    from trt_builder.spec.gates import gate_for
+    from trt_builder.spec.modes import Fp8
+    from trt_builder.verify.compare import verify_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="fp8-gpu-") as tmp:
+        root = Path(tmp)
+        (root / "hf").mkdir()
+        start = time.perf_counter()
+        fetch_gguf(gguf.resolve(), root / "hf")
+        (root / "cal").mkdir()
+        calibrate(root / "hf", root / "cal", CalibrationOptions(device="cuda"))
+        (root / "ck").mkdir()
+        convert_model(Fp8(kv_cache="fp8"), root / "hf", root / "ck", tp=1, pp=1,
+                      calibration=root / "cal")  # fmt: skip
+        print(f"fetch + calibrate + convert: {time.perf_counter() - start:.1f} s", flush=True)
+        windows = corpus_windows(load_tokenizer(root / "hf", "the model"), 2048)
+        ids = torch.tensor(windows)
+        out = {}
+        for device in ("cuda", "cpu"):
+            runtime = CheckpointRuntime.load(root / "ck", device)
+            start = time.perf_counter()
+            out[device] = torch.cat([runtime.forward(ids[i : i + 2].to(device)).cpu()
+                                     for i in range(0, len(ids), 2)])  # fmt: skip
+            print(f"{device}: teacher-forced forward of {ids.numel()} tokens "
+                  f"{time.perf_counter() - start:.2f} s", flush=True)  # fmt: skip
+        print(f"default model fp8 + FP8 KV: teacher-forced top-1, CUDA tensor cores vs CPU "
+              f"simulation, over {ids.numel()} held-out positions: {_agree(out['cuda'], out['cpu']):.4f}; "
+              f"max |logit difference| {float((out['cuda'] - out['cpu']).abs().max()):.3f}",
+              flush=True)  # fmt: skip
+        for device in ("cuda", "cpu"):
+            report = verify_checkpoint(root / "ck", root / "hf", gate=gate_for("fp8-fp8kv"),
+                                       device=device)  # fmt: skip
+            print(f"verify on {device}: passed {report['passed']}, top-1 {report['top1']:.4f}, "
+                  f"KL {report['kl_mean']:.4f}, perplexity {report['perplexity']['delta_pct']:+.2f}% "
+                  f"(decoded from {report['perplexity'].get('decoded_from')}), "
+                  f"{report['seconds']} s {report['seconds_by_part']}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
