@@ -260,7 +260,9 @@ def test_streamed_pieces_are_whole_characters_and_concatenate_to_the_answer(
         pieces.append(stream.finish())
         assert "".join(pieces) == whole
         assert not any("\ufffd" in piece for piece in pieces)
-        assert sum(bool(p) for p in pieces) > len(ids) // 3  # streamed, not held to the end
+        # streamed, not held to the end: most of the text is out before the stream finishes
+        # (a count of non-empty pieces would depend on how the trained tokenizer splits)
+        assert len("".join(pieces[:-1])) >= len(whole) * 3 // 4 and len(pieces[:-1]) > 1
     # the failure this is for: decoded alone, the characters break (and Metaspace's spaces go)
     assert broken == [True, kind == "metaspace"]
     # a stream that ends inside a character gives what the whole answer decodes to
