@@ -18,7 +18,7 @@ from trt_builder.convert.model import convert_model
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.fp8 import fp8_matmul
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import FloatMode, Fp8, QuantMode
+from trt_builder.spec.modes import FloatMode, Fp8, QuantMode, SmoothQuant, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21]])
@@ -283,3 +283,20 @@ def test_the_fp8_gemm_on_tensor_cores_equals_the_simulation_closely() -> None:
     sim = fp8_matmul(x, w, a, ws, kernel=False)
     tc = fp8_matmul(x.cuda(), w.cuda(), a.cuda(), ws.cuda()).cpu()
     torch.testing.assert_close(tc, sim, rtol=0, atol=1e-3 * float(sim.abs().max()))
+
+
+@pytest.mark.parametrize("mode", [SmoothQuant(alpha=0.5, kv_cache="fp8"),
+                                  WeightOnlyInt8(kv_cache="fp8")], ids=["int8-sq", "int8-wo"])  # fmt: skip
+def test_the_fp8_kv_cache_beside_int8_linears(
+    mode: QuantMode, tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    """SmoothQuant and INT8 weight-only take the FP8 KV cache too (TensorRT-LLM refuses neither):
+    its scales beside their own tensors, and a decode through it."""
+    ck = _convert(tiny_llama, tmp_path / "ck", mode, calibrated)
+    quant = json.loads((ck / "config.json").read_text())["quantization"]
+    assert quant["kv_cache_quant_algo"] == "FP8" and quant["quant_algo"] == mode.quant_algo
+    w = load_file(ck / "rank0.safetensors")
+    assert [w[f"transformer.layers.{i}.attention.kv_cache_scaling_factor"].tolist()
+            for i in (0, 1)] == [[1.0], [1.0]]  # fmt: skip
+    runtime = CheckpointRuntime.load(ck)
+    assert runtime.kv_fp8 and bool(torch.isfinite(runtime.forward_decoded(IDS, 4)).all())
