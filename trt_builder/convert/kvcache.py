@@ -65,12 +65,11 @@ def shape_of(config: dict[str, Any]) -> tuple[int, int, int, int]:
     return shape.heads, shape.kv_heads, head, rotary
 
 
-def balance(ranges: torch.Tensor, config: dict[str, Any], *, v_channels: bool = True) -> KVBalance:
-    """The rewrite of one layer from the calibrated absmax of each qkv output row.
-
-    `v_channels=False` gives all of V one factor: for INT8 weight-only checkpoints, whose dense
-    weight is quantized per output row after the rewrite, where factors per input column would
-    change its rounding (measured: +0.07 point teacher-forced, docs/benchmarks.md)."""
+def _split_ranges(
+    ranges: torch.Tensor, config: dict[str, Any], pair: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The calibrated absmax of each qkv output row as q [heads, head], k and v [kv_heads,
+    head], float32; each RoPE pair (d, d + rotary/2) of k given `pair` of its two ranges."""
     heads, kv_heads, head, rotary = shape_of(config)
     q_dim, kv_dim = heads * head, kv_heads * head
     if ranges.numel() != q_dim + 2 * kv_dim:
@@ -79,13 +78,23 @@ def balance(ranges: torch.Tensor, config: dict[str, Any], *, v_channels: bool = 
             f"{q_dim + 2 * kv_dim}: recalibrate this model (trt-builder calibrate --force)"
         )
     ranges = ranges.float()
-    a_q = ranges[:q_dim].view(heads, head)
     a_k = ranges[q_dim : q_dim + kv_dim].view(kv_heads, head).clone()
-    a_v = ranges[q_dim + kv_dim :].view(kv_heads, head)
     half = rotary // 2
-    if half:  # a RoPE pair (d, d + rotary/2) takes one factor
-        pair = torch.maximum(a_k[:, :half], a_k[:, half:rotary])
-        a_k[:, :half], a_k[:, half:rotary] = pair, pair
+    if half:
+        both = pair(a_k[:, :half], a_k[:, half:rotary])
+        a_k[:, :half], a_k[:, half:rotary] = both, both
+    return ranges[:q_dim].view(heads, head), a_k, ranges[q_dim + kv_dim :].view(kv_heads, head)
+
+
+def balance(ranges: torch.Tensor, config: dict[str, Any], *, v_channels: bool = True) -> KVBalance:
+    """The rewrite of one layer from the calibrated absmax of each qkv output row.
+
+    `v_channels=False` gives all of V one factor: for INT8 weight-only checkpoints, whose dense
+    weight is quantized per output row after the rewrite, where factors per input column would
+    change its rounding (measured: +0.07 point teacher-forced, docs/benchmarks.md)."""
+    heads, kv_heads, _, _ = shape_of(config)
+    # a RoPE pair (d, d + rotary/2) takes one factor
+    a_q, a_k, a_v = _split_ranges(ranges, config, torch.maximum)
     target = torch.maximum(a_k.amax(), a_v.amax()).clamp(min=1e-6)
     r_k = target / a_k.clamp(min=float(target) / FLOOR)
     r_v = target / a_v.clamp(min=float(target) / FLOOR)
@@ -123,21 +132,8 @@ def fp8_kv_scale(ranges: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
     below 1.0. K is read after RoPE, which rotates each pair (d, d + rotary / 2): its bound is
     sqrt(a_d^2 + a_d'^2). No balancing: e4m3 is a float format, its relative step is the same
     at any magnitude its range covers."""
-    heads, kv_heads, head, rotary = shape_of(config)
-    q_dim, kv_dim = heads * head, kv_heads * head
-    if ranges.numel() != q_dim + 2 * kv_dim:
-        raise ConversionError(
-            f"the calibration has {ranges.numel()} qkv output channels, the config implies "
-            f"{q_dim + 2 * kv_dim}: recalibrate this model (trt-builder calibrate --force)"
-        )
-    ranges = ranges.float()
-    a_k = ranges[q_dim : q_dim + kv_dim].view(kv_heads, head).clone()
-    half = rotary // 2
-    if half:
-        pair = torch.hypot(a_k[:, :half], a_k[:, half:rotary])
-        a_k[:, :half], a_k[:, half:rotary] = pair, pair
-    amax = torch.maximum(a_k.amax(), ranges[q_dim + kv_dim :].amax())
-    return (amax / 448.0).clamp(min=1.0).reshape(1)
+    _, a_k, a_v = _split_ranges(ranges, config, torch.hypot)
+    return (torch.maximum(a_k.amax(), a_v.amax()) / 448.0).clamp(min=1.0).reshape(1)
 
 
 def refuse_unsupported(

@@ -15,6 +15,7 @@ bits), so the simulation differs from the tensor cores only in the order of the 
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -35,10 +36,13 @@ def to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def fp8_kernel_runs(device: torch.device) -> bool:
     """Whether FP8 tensor-core GEMMs run on `device` (CUDA, compute capability 8.9 and up)."""
-    if device.type != "cuda":
-        return False
-    major, minor = torch.cuda.get_device_capability(device)
-    return (major, minor) >= (8, 9)
+    return device.type == "cuda" and _capability(device.index) >= (8, 9)
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    """Asked once per device: fp8_matmul asks on every GEMM."""
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
 
 
 def fp8_matmul(

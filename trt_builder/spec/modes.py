@@ -18,6 +18,11 @@ def _check_kv(kv_cache: str) -> None:
         raise SpecError(f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)}, not {kv_cache!r}")
 
 
+def _check_16_bit(mode: str, dtype: str) -> None:
+    if dtype not in ("float16", "bfloat16"):
+        raise SpecError(f"{mode} needs float16 or bfloat16 activations, not {dtype!r}")
+
+
 class _KVCache:
     """What every mode says of its KV cache (`kv_cache`: model, int8 or fp8)."""
 
@@ -80,10 +85,7 @@ class WeightOnlyInt8(_KVCache):
     clip: bool = True
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float16", "bfloat16"):
-            raise SpecError(
-                f"INT8 weight-only needs float16 or bfloat16 activations, not {self.dtype!r}"
-            )
+        _check_16_bit("INT8 weight-only", self.dtype)
         _check_kv(self.kv_cache)
 
     @property
@@ -121,10 +123,7 @@ class SmoothQuant(_KVCache):
     def __post_init__(self) -> None:
         if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
             raise SpecError(f"SmoothQuant alpha must be between 0 and 1, not {self.alpha}")
-        if self.dtype not in ("float16", "bfloat16"):
-            raise SpecError(
-                f"SmoothQuant needs float16 or bfloat16 activations, not {self.dtype!r}"
-            )
+        _check_16_bit("SmoothQuant", self.dtype)
         _check_kv(self.kv_cache)
 
     @property
@@ -155,8 +154,7 @@ class Fp8(_KVCache):
     kv_cache: str = "model"  # model, int8 or fp8
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float16", "bfloat16"):
-            raise SpecError(f"FP8 needs float16 or bfloat16 activations, not {self.dtype!r}")
+        _check_16_bit("FP8", self.dtype)
         _check_kv(self.kv_cache)
 
     @property
