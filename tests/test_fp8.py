@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trt_builder.calibrate.stats import calibrate, load_stats
+from trt_builder.checkpoint.conformance import CONTRACTS, check_fp8
 from trt_builder.convert.model import convert_model
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.fp8 import fp8_matmul
@@ -93,6 +94,10 @@ def test_bit_identical_to_modelopt_given_its_amax(
     assert (their_quant["quant_algo"], their_quant["kv_cache_quant_algo"]) == ("FP8", "FP8")
     assert their_quant["exclude_modules"] == ["lm_head"]
     assert quant["exclude_modules"] == ["lm_head", "transformer.vocab_embedding"]
+    # the independent producer's checkpoint conforms to the release table read from upstream
+    their_config = json.loads((tmp_path / "modelopt" / "config.json").read_text())
+    for contract in CONTRACTS.values():
+        assert check_fp8(tmp_path / "modelopt", their_config, contract) == [], contract.release
 
 
 def test_the_layout_trtllm_build_reads(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:
@@ -127,6 +132,52 @@ def test_the_layout_trtllm_build_reads(tiny_llama: Path, calibrated: Path, tmp_p
     ):
         assert w[name].dtype == torch.float16, name
     assert not any("kv_cache_scaling_factor" in n for n in w)
+
+
+def test_every_pinned_release_has_a_checkpoint_contract() -> None:
+    from trt_builder.engine.releases import RELEASES
+
+    assert sorted(CONTRACTS) == sorted(r.version for r in RELEASES)
+    for contract in CONTRACTS.values():
+        assert {e.name for e in contract.layer} >= {
+            "attention.qkv.weight", "attention.qkv.activation_scaling_factor",
+            "mlp.proj.weights_scaling_factor", "attention.kv_cache_scaling_factor",
+        }  # fmt: skip
+
+
+def test_the_conformance_check_names_what_trtllm_build_would_not_load(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    """Ours conforms at tp 2 with the FP8 KV cache (the converter checks it too); a scale in
+    float16, a missing scale, a weight of the wrong shape, a layer left out of exclude_modules
+    but stored in float16, and a quant_algo the FP8 loader does not take are each named."""
+    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(kv_cache="fp8"), calibrated, tp=2)
+    config = json.loads((ck / "config.json").read_text())
+    for contract in CONTRACTS.values():
+        assert check_fp8(ck, config, contract) == []
+    rank = load_file(ck / "rank0.safetensors")
+    p = "transformer.layers.1."
+    rank[f"{p}attention.dense.activation_scaling_factor"] = torch.ones((), dtype=torch.float16)
+    del rank[f"{p}mlp.fc.weights_scaling_factor"]
+    rank[f"{p}mlp.proj.weight"] = rank[f"{p}mlp.proj.weight"][:, :8].contiguous()
+    rank[f"{p}mlp.gate.weight"] = torch.zeros(
+        rank[f"{p}mlp.gate.weight"].shape, dtype=torch.float16
+    )
+    save_file(rank, str(ck / "rank0.safetensors"))
+    problems = check_fp8(ck, config, CONTRACTS["1.2"])
+    assert len(problems) == 4, problems
+    for name, said in (("attention.dense.activation_scaling_factor", "F16 []"),
+                       ("mlp.fc.weights_scaling_factor", "missing"),
+                       ("mlp.proj.weight", "F8_E4M3 [64, 8]"),
+                       ("mlp.gate.weight", "F16")):  # fmt: skip
+        assert any(f"rank 0: {p}{name}" in x and said in x for x in problems), (name, problems)
+    # excluded by its module name (fnmatchcase, as quantize_layers matches): not an FP8 linear
+    config["quantization"]["exclude_modules"] = ["lm_head", f"{p}mlp.gate"]
+    assert not any("mlp.gate.weight" in x for x in check_fp8(ck, config, CONTRACTS["1.2"]))
+    config["quantization"]["quant_algo"] = "FP8_PER_CHANNEL_PER_TOKEN"
+    assert "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN' is not FP8" in check_fp8(
+        ck, config, CONTRACTS["1.2"]
+    )
 
 
 def test_the_runtime_gemm_is_e4m3_arithmetic(
@@ -298,3 +349,19 @@ def test_the_fp8_kv_cache_beside_int8_linears(
             for i in (0, 1)] == [[1.0], [1.0]]  # fmt: skip
     runtime = CheckpointRuntime.load(ck)
     assert runtime.kv_fp8 and bool(torch.isfinite(runtime.forward_decoded(IDS, 4)).all())
+
+
+@pytest.mark.gpu
+def test_converting_on_cuda_writes_the_cpus_bytes(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is a GPU the FP8 layer arithmetic runs there (as SmoothQuant's); the float32
+    division and the e4m3 cast round the same on both, so the checkpoint is byte for byte the
+    CPU's."""
+    on_gpu = _convert(tiny_llama, tmp_path / "gpu", Fp8(kv_cache="fp8"), calibrated)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu = _convert(tiny_llama, tmp_path / "cpu", Fp8(kv_cache="fp8"), calibrated)
+    a, b = load_file(on_gpu / "rank0.safetensors"), load_file(on_cpu / "rank0.safetensors")
+    assert sorted(a) == sorted(b)
+    differ = [name for name in a if not torch.equal(_bits(a[name]), _bits(b[name]))]
+    assert differ == []

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..calibrate.stats import load_stats
+from ..checkpoint.conformance import CONTRACTS, check_fp8
 from ..checkpoint.mapping import Mapping
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
@@ -50,9 +51,13 @@ EXCLUDED = ["lm_head", "transformer.vocab_embedding"]
 
 
 def weight_scale(weights: list[torch.Tensor]) -> torch.Tensor:
-    """weights_scaling_factor (float32 (1,)) of one GEMM's weight, or of weights that share one."""
+    """weights_scaling_factor (float32 (1,)) of one GEMM's weight, or of weights that share one.
+    448 is a tensor, not a Python number: CUDA divides by a Python number as a multiplication by
+    its reciprocal, an ulp off at times (measured on the H200), and the scale must be the same
+    wherever the conversion runs."""
     amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
-    return (amax / FP8_MAX).clamp(min=torch.finfo(F32).tiny).reshape(1)
+    scale = amax / torch.full_like(amax, FP8_MAX)
+    return scale.clamp(min=torch.finfo(F32).tiny).reshape(1)
 
 
 def quantize_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -116,7 +121,15 @@ def convert_fp8(
         stack.enter_context(index)  # closed on every way out, refusals included
         job = _plan(mode, calibration, config, family, rules, index)
         tensors = job.write(stack, out_dir, remember)
-    return finish(out_dir, config, family, tensors=tensors, notes=notes)
+    record = finish(out_dir, config, family, tensors=tensors, notes=notes)
+    for contract in CONTRACTS.values():  # a converter bug, caught before an engine build
+        problems = check_fp8(out_dir, config, contract)
+        if problems:
+            raise ConversionError(
+                f"the FP8 checkpoint does not conform to trtllm-build {contract.release}: "
+                f"{problems[0]} ({len(problems)} problems)"
+            )
+    return record
 
 
 def _plan(
@@ -152,4 +165,7 @@ def _plan(
             )
         return out
 
-    return LayerJob(tensors, layers, others, index, dtype, Mapping.from_config(config), "cpu")
+    # the layer arithmetic runs on the GPU where there is one, as SmoothQuant's: the division
+    # and the cast are IEEE float32 and round to nearest even on both, so the bytes are the same
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return LayerJob(tensors, layers, others, index, dtype, Mapping.from_config(config), device)
