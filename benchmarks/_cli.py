@@ -74,9 +74,10 @@ LLAMA2_7B = {
 GIB = 1 << 30
 
 
-def gpu_build_args(doc: str | None) -> Any:
-    """The GPU build benchmarks' arguments (--tokenizer, --layers, --work, --report); exits
-    where there is no CUDA GPU."""
+def gpu_build_args(doc: str | None, dtypes: tuple[str, ...] = ()) -> Any:
+    """The GPU build benchmarks' arguments (--tokenizer, --layers, --work, --report, and
+    --dtype where `dtypes` names the choices, the first the default); exits where there is no
+    CUDA GPU."""
     import argparse
 
     import torch
@@ -86,6 +87,8 @@ def gpu_build_args(doc: str | None) -> Any:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--work", type=Path, default=Path("/tmp/int8-build-gpu"))
     parser.add_argument("--report", type=Path, help="Also write the figures here (JSON).")
+    if dtypes:
+        parser.add_argument("--dtype", choices=dtypes, default=dtypes[0])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")

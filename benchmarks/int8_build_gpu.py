@@ -1,8 +1,8 @@
-"""`trt-builder build --dtype int8` on the GPU at the size users build, against nvidia-modelopt
-0.47's INT8 SmoothQuant `quantize` plus `export_tensorrt_llm_checkpoint`, same model, same
-calibration data, same run.
+"""`trt-builder build --dtype int8` (or `--dtype fp8`) on the GPU at the size users build,
+against nvidia-modelopt 0.47's INT8 SmoothQuant (or `FP8_DEFAULT_CFG`) `quantize` plus
+`export_tensorrt_llm_checkpoint`, same model, same calibration data, same run.
 
-    python benchmarks/int8_build_gpu.py --tokenizer DIR [--layers 32] [--work DIR]
+    python benchmarks/int8_build_gpu.py --tokenizer DIR [--layers 32] [--work DIR] [--dtype fp8]
 
 Needs a CUDA GPU and nvidia-modelopt 0.47 (a test-only dependency, never the product's). The
 model: Llama-2-7B's shape (hidden 4096, 32 layers, 32 heads, intermediate 11008) with random
@@ -26,20 +26,31 @@ from pathlib import Path
 
 from _cli import GIB, gpu_build, gpu_build_args
 
+#: modelopt's configuration for each mode compared.
+MODELOPT_CFG = {
+    "int8": lambda mtq: mtq.INT8_SMOOTHQUANT_CFG,
+    "fp8": lambda mtq: mtq.FP8_DEFAULT_CFG,
+}
+
 
 def main() -> None:
-    args = gpu_build_args(__doc__)
+    args = gpu_build_args(__doc__, dtypes=("int8", "fp8"))
 
     import torch
 
     work: Path = args.work
     built = gpu_build(
-        work, args.tokenizer, args.layers, ["--dtype", "int8", "--calib-device", "cuda"]
+        work, args.tokenizer, args.layers, ["--dtype", args.dtype, "--calib-device", "cuda"]
     )
     stages, steps, model_dir = built["stages"], built["steps"], built["model_dir"]
     build_s, import_s = built["build_wall_s"], built["import_torch_transformers_s"]
-    ours = sum(stages[n]["seconds"] for n in ("calibrate", "recipe", "convert"))
-    recipe = json.loads((Path(stages["recipe"]["output"]) / "recipe.json").read_text())
+    ours = sum(stages[n]["seconds"] for n in ("calibrate", "recipe", "convert") if n in stages)
+    searched = "recipe" in stages and stages["recipe"]["status"] != "skipped"
+    recipe = (
+        json.loads((Path(stages["recipe"]["output"]) / "recipe.json").read_text())
+        if searched
+        else None
+    )
 
     # modelopt on the same model and the same calibration samples
     import modelopt.torch.quantization as mtq
@@ -66,7 +77,7 @@ def main() -> None:
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with torch.no_grad():
-        mtq.quantize(model, mtq.INT8_SMOOTHQUANT_CFG, forward_loop)
+        mtq.quantize(model, MODELOPT_CFG[args.dtype](mtq), forward_loop)
     torch.cuda.synchronize()
     quantize_s = time.perf_counter() - start
     quantize_peak = torch.cuda.max_memory_allocated()
@@ -83,13 +94,16 @@ def main() -> None:
     report = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "dtype": args.dtype,
         "model": f"Llama-2-7B shape, {args.layers} layers, vocabulary {len(tokenizer)}, bfloat16",
         "build_wall_s": round(build_s, 2),
         "import_torch_transformers_s": round(import_s, 2),
         "steps": steps,
         "verify_by_part": built["verify_by_part"],
-        "recipe": {k: recipe[k] for k in ("chosen", "alpha", "tokens", "device", "seconds")},
-        "candidates": [
+        "recipe": recipe
+        and {k: recipe[k] for k in ("chosen", "alpha", "tokens", "device", "seconds")},
+        "candidates": recipe
+        and [
             {k: c[k] for k in ("name", "kl", "kl_se", "ppl_delta_pct", "top1", "windows")}
             for c in recipe["candidates"]
         ],  # fmt: skip
