@@ -141,6 +141,8 @@ def test_gc_leaves_a_revision_being_fetched_and_directories_it_did_not_make(
     old_revision = engines / "org--m" / ("d" * 40)  # ours: a fetched revision, no variant left
     (old_revision / "hf").mkdir(parents=True)
     (old_revision / "hf" / "stage.json").write_text("{}")
+    for shared in ("calibration", "recipe"):  # what its variants shared goes with it
+        (old_revision / shared / "bundled-64x256-seed0").mkdir(parents=True)
     code, result = _json(capsys, "gc", str(fleet), "--older-than", "0", "--keep-revisions", "0")
     assert code == 0
     assert [Path(r["path"]).name for r in result["removed"]] == ["d" * 40]
