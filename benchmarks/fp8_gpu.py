@@ -7,13 +7,15 @@ its initializer range (a larger one gives peaked logits, as a trained model has)
     python benchmarks/fp8_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # the default model
 
 With `--gguf` it runs the default model instead (fetched from the GGUF as `build` fetches it,
-calibrated and converted as `build --dtype fp8 --kv-cache fp8` does) on verify's held-out text,
-and verifies the FP8 checkpoint on CUDA.
+calibrated, searched and converted on CUDA as `build --dtype fp8 --kv-cache fp8` does, and as
+`--no-fp8-search` does) on verify's held-out text, and verifies the FP8 checkpoints on CUDA and
+on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -57,7 +59,10 @@ def main() -> None:
             (work / "cal").mkdir()
             calibrate(work / "hf", work / "cal", CalibrationOptions(samples=8, seq_len=64))
             cks = {}
-            for name, mode in (("fp8", Fp8(kv_cache="fp8")), ("float16", FloatMode("float16"))):
+            for name, mode in (
+                ("fp8", Fp8(kv_cache="fp8", search=False)),
+                ("float16", FloatMode("float16")),
+            ):
                 cks[name] = work / name
                 cks[name].mkdir()
                 convert_model(mode, work / "hf", cks[name], tp=1, pp=1, calibration=work / "cal")
@@ -80,9 +85,13 @@ def main() -> None:
 
 
 def default_model(gguf: Path) -> None:
+    from safetensors.torch import save_file
+
     from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
+    from trt_builder.recipe.candidates import Fp8SearchSet
+    from trt_builder.recipe.fp8 import WEIGHTS, search_fp8
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.runtimes.fp8 import fp8_kernel_runs as real_runs
     from trt_builder.source.fetch import fetch_gguf
@@ -99,10 +108,23 @@ def default_model(gguf: Path) -> None:
         fetch_gguf(gguf.resolve(), root / "hf")
         (root / "cal").mkdir()
         calibrate(root / "hf", root / "cal", CalibrationOptions(device="cuda"))
-        (root / "ck").mkdir()
-        convert_model(Fp8(kv_cache="fp8"), root / "hf", root / "ck", tp=1, pp=1,
-                      calibration=root / "cal")  # fmt: skip
-        print(f"fetch + calibrate + convert: {time.perf_counter() - start:.1f} s", flush=True)
+        print(f"fetch + calibrate: {time.perf_counter() - start:.1f} s", flush=True)
+        start = time.perf_counter()
+        recipe, tensors = search_fp8(root / "hf", root / "cal", Fp8SearchSet(), device="cuda",
+                                     offload=root / "offload")  # fmt: skip
+        (root / "recipe").mkdir()
+        save_file(tensors, str(root / "recipe" / WEIGHTS))
+        (root / "recipe" / "recipe.json").write_text(json.dumps(recipe))
+        print(f"recipe on CUDA: {time.perf_counter() - start:.1f} s, chose {recipe['chosen']}: "
+              + "; ".join(f"{c['name']} KL {c['kl']:.4f} top-1 {c['top1']:.4f}"
+                          for c in recipe["candidates"]), flush=True)  # fmt: skip
+        for name, mode in (
+            ("ck", Fp8(kv_cache="fp8")),
+            ("nosearch", Fp8(kv_cache="fp8", search=False)),
+        ):
+            (root / name).mkdir()
+            convert_model(mode, root / "hf", root / name, tp=1, pp=1, calibration=root / "cal",
+                          recipe=root / "recipe" / "recipe.json")  # fmt: skip
         windows = corpus_windows(load_tokenizer(root / "hf", "the model"), 2048)
         ids = torch.tensor(windows)
         import trt_builder.runtimes.checkpoint as checkpoint_module
@@ -125,10 +147,10 @@ def default_model(gguf: Path) -> None:
             print(f"default model fp8 + FP8 KV: teacher-forced top-1 {a} vs {b} over "
                   f"{ids.numel()} held-out positions: {_agree(out[a], out[b]):.4f}; max |logit "
                   f"difference| {float((out[a] - out[b]).abs().max()):.3f}", flush=True)  # fmt: skip
-        for device in ("cuda", "cpu"):
-            report = verify_checkpoint(root / "ck", root / "hf", gate=gate_for("fp8-fp8kv"),
+        for name, device in (("ck", "cuda"), ("ck", "cpu"), ("nosearch", "cuda")):
+            report = verify_checkpoint(root / name, root / "hf", gate=gate_for("fp8-fp8kv"),
                                        device=device)  # fmt: skip
-            print(f"verify on {device}: passed {report['passed']}, top-1 {report['top1']:.4f}, "
+            print(f"verify of {name} on {device}: passed {report['passed']}, top-1 {report['top1']:.4f}, "
                   f"KL {report['kl_mean']:.4f}, perplexity {report['perplexity']['delta_pct']:+.2f}% "
                   f"(decoded from {report['perplexity'].get('decoded_from')}), "
                   f"{report['seconds']} s {report['seconds_by_part']}", flush=True)  # fmt: skip

@@ -101,7 +101,10 @@ def main() -> None:
         "steps": steps,
         "verify_by_part": built["verify_by_part"],
         "recipe": recipe
-        and {k: recipe[k] for k in ("chosen", "alpha", "tokens", "device", "seconds")},
+        and {
+            k: recipe.get(k)
+            for k in ("chosen", "alpha", "tokens", "device", "seconds", "seconds_by_part")
+        },  # fmt: skip
         "candidates": recipe
         and [
             {k: c[k] for k in ("name", "kl", "kl_se", "ppl_delta_pct", "top1", "windows")}

@@ -161,7 +161,7 @@ def wide_llama(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.mark.parametrize(
     "mode",
     [FloatMode("float16"), FloatMode("bfloat16"), SmoothQuant(alpha=0.5),
-     SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8"), Fp8(kv_cache="fp8")],
+     SmoothQuant(alpha=0.5, per_token=False, kv_cache="int8"), Fp8(kv_cache="fp8", search=False)],
     ids=["float16", "bfloat16", "int8-sq", "int8-sq-tensor-kv8", "fp8-fp8kv"],
 )  # fmt: skip
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -78,7 +78,9 @@ def test_bit_identical_to_modelopt_given_its_amax(
             stats[key] = torch.full_like(stats[key], float(quantizer.amax.float()))
     (tmp_path / "cal").mkdir()
     save_file(stats, str(tmp_path / "cal" / "calibration.safetensors"))
-    ours_dir = _convert(tiny_llama, tmp_path / "ours", Fp8(kv_cache="fp8"), tmp_path / "cal")
+    ours_dir = _convert(
+        tiny_llama, tmp_path / "ours", Fp8(kv_cache="fp8", search=False), tmp_path / "cal"
+    )
     ours = load_file(ours_dir / "rank0.safetensors")
     merged_by_trtllm = {n for n in theirs if n.endswith((".k_cache_scaling_factor",
                                                          ".v_cache_scaling_factor"))}  # fmt: skip
@@ -104,7 +106,7 @@ def test_the_layout_trtllm_build_reads(tiny_llama: Path, calibrated: Path, tmp_p
     """Per FP8 linear: e4m3 weight [out, in], float32 (1,) weights_ and activation_scaling_factor
     (TensorRT-LLM's FP8Linear); one qkv scale over q, k, v; gate and fc sharing theirs; the
     activation scale the calibrated input amax / 448; everything else in the model dtype."""
-    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(), calibrated)
+    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(search=False), calibrated)
     w = load_file(ck / "rank0.safetensors")
     hf = load_file(tiny_llama / "model.safetensors")
     stats = load_stats(calibrated)
@@ -151,7 +153,7 @@ def test_the_conformance_check_names_what_trtllm_build_would_not_load(
     """Ours conforms at tp 2 with the FP8 KV cache (the converter checks it too); a scale in
     float16, a missing scale, a weight of the wrong shape, a layer left out of exclude_modules
     but stored in float16, and a quant_algo the FP8 loader does not take are each named."""
-    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(kv_cache="fp8"), calibrated, tp=2)
+    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(kv_cache="fp8", search=False), calibrated, tp=2)
     config = json.loads((ck / "config.json").read_text())
     for contract in CONTRACTS.values():
         assert check_fp8(ck, config, contract) == []
@@ -185,7 +187,7 @@ def test_the_runtime_gemm_is_e4m3_arithmetic(
 ) -> None:
     """The runtime's linear: e4m3(x / a), saturated at 448, times the stored e4m3 weight, scaled
     by a * w; on the CPU every product is exact, so it equals a float64 sum of them closely."""
-    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(), calibrated)
+    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(search=False), calibrated)
     model = CheckpointRuntime.load(ck)
     w = load_file(ck / "rank0.safetensors")
     name = "transformer.layers.0.mlp.proj"
@@ -245,8 +247,10 @@ def test_tensor_parallel_ranks_reassemble(
 ) -> None:
     """tp 2: each rank holds its slice of the e4m3 weights and the per-tensor scales whole; the
     ranks merged run exactly as the single-rank checkpoint."""
-    one = _convert(tiny_llama, tmp_path / "tp1", Fp8(kv_cache="fp8"), calibrated)
-    two = _convert(tiny_llama, tmp_path / "tp2", Fp8(kv_cache="fp8"), calibrated, tp=2)
+    one = _convert(tiny_llama, tmp_path / "tp1", Fp8(kv_cache="fp8", search=False), calibrated)
+    two = _convert(
+        tiny_llama, tmp_path / "tp2", Fp8(kv_cache="fp8", search=False), calibrated, tp=2
+    )
     r0, r1 = (load_file(two / f"rank{r}.safetensors") for r in (0, 1))
     full = load_file(one / "rank0.safetensors")
     name = "transformer.layers.0.mlp.proj"
@@ -264,7 +268,7 @@ def test_the_runtime_follows_transformers(
     random model's logits are close together, so not all)."""
     from transformers import AutoModelForCausalLM
 
-    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(), calibrated)
+    ck = _convert(tiny_llama, tmp_path / "ck", Fp8(search=False), calibrated)
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(IDS).logits
@@ -284,7 +288,7 @@ def wide_fp8(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
                     num_attention_heads=9, num_key_value_heads=3, head_dim=64)  # fmt: skip
     (root / "cal").mkdir()
     calibrate(root / "hf", root / "cal", CalibrationOptions(samples=8, seq_len=64))
-    return _convert(root / "hf", root / "ck", Fp8(kv_cache="fp8"), root / "cal")
+    return _convert(root / "hf", root / "ck", Fp8(kv_cache="fp8", search=False), root / "cal")
 
 
 @pytest.mark.gpu
@@ -358,9 +362,9 @@ def test_converting_on_cuda_writes_the_cpus_bytes(
     """Where there is a GPU the FP8 layer arithmetic runs there (as SmoothQuant's); the float32
     division and the e4m3 cast round the same on both, so the checkpoint is byte for byte the
     CPU's."""
-    on_gpu = _convert(tiny_llama, tmp_path / "gpu", Fp8(kv_cache="fp8"), calibrated)
+    on_gpu = _convert(tiny_llama, tmp_path / "gpu", Fp8(kv_cache="fp8", search=False), calibrated)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    on_cpu = _convert(tiny_llama, tmp_path / "cpu", Fp8(kv_cache="fp8"), calibrated)
+    on_cpu = _convert(tiny_llama, tmp_path / "cpu", Fp8(kv_cache="fp8", search=False), calibrated)
     a, b = load_file(on_gpu / "rank0.safetensors"), load_file(on_cpu / "rank0.safetensors")
     assert sorted(a) == sorted(b)
     differ = [name for name in a if not torch.equal(_bits(a[name]), _bits(b[name]))]

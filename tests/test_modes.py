@@ -1,8 +1,8 @@
 """Every mode `trt-builder build` offers, built on the embedded default model as a user runs it
 (`trt-builder build ... --json`, one process each, its own exit code) through verify and
 package. The builds share the default build's directory, so one fetch, one calibration and one
-recipe search serve them all. A `--dtype`, `--kv-cache` or `--sq-granularity` choice added to
-the CLI without a row here fails `test_the_matrix_covers_every_mode_the_cli_offers`."""
+recipe search per mode serve them all. A `--dtype`, `--kv-cache` or `--sq-granularity` choice
+added to the CLI without a row here fails `test_the_matrix_covers_every_mode_the_cli_offers`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "int8-sq-tp3-pp1": ("--dtype", "int8", "--tp", "3"),
     "fp8-tp1-pp1": ("--dtype", "fp8"),
     "fp8-fp8kv-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8"),
+    "fp8-nosearch-tp1-pp1": ("--dtype", "fp8", "--no-fp8-search"),
     "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
 }
 #: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
@@ -66,6 +67,7 @@ def test_the_matrix_covers_every_mode_the_cli_offers() -> None:
             built["sq_granularity"].add(flags.get("--sq-granularity", "per-token"))
     assert built == offered
     assert any("--no-wo-clip" in argv for argv in MATRIX.values())
+    assert any("--no-fp8-search" in argv for argv in MATRIX.values())
     assert any("--tp" in argv for argv in MATRIX.values())
 
 

@@ -128,6 +128,23 @@ def test_fp8_modes_and_where_they_are_refused() -> None:
         BuildSpec(kv_cache="fp16")
 
 
+def test_fp8_rounding_is_searched_unless_switched_off() -> None:
+    """The searched rounding is the default; off, the variant says so (another build of the
+    model, not the same one) and the mode's JSON, which is in convert's key, differs."""
+    searched = make_spec(dtype="fp8").mode
+    plain = make_spec({"dtype": "fp8", "fp8": {"search": False}}).mode
+    assert isinstance(searched, Fp8) and searched.search and searched.name == "fp8"
+    assert isinstance(plain, Fp8) and not plain.search and plain.name == "fp8-nosearch"
+    assert make_spec(dtype="fp8", kv_cache="fp8", **{"fp8.search": False}).variant == (
+        "fp8-nosearch-fp8kv-tp1-pp1"
+    )
+    assert searched.to_json() != plain.to_json() and searched.to_json()["version"] == 2
+    with pytest.raises(SpecError, match="fp8.search must be true or false"):
+        make_spec({"dtype": "fp8", "fp8": {"search": "yes"}})
+    with pytest.raises(SpecError, match=r"unknown key\(s\) rounding in \[fp8\]"):
+        make_spec({"dtype": "fp8", "fp8": {"rounding": "nearest"}})
+
+
 def test_the_documented_toml_spec_is_valid(tmp_path: Path) -> None:
     """docs/cli.md's example spec parses, every key in its place."""
     import re

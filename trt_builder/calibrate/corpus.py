@@ -16,11 +16,15 @@ from ..spec.build import BUNDLED, CalibrationOptions
 
 
 def corpus_windows(
-    tokenizer: Any, tokens: int, window: int = 256, split: str = "heldout"
+    tokenizer: Any, tokens: int, window: int = 256, split: str = "heldout", *, seed: int = 0
 ) -> list[list[int]]:
     """A split of the bundled corpus (by default the held-out text, never used for calibration
-    or the INT8 search), tokenized and cut into windows; `tokens` in all, at most."""
-    ids = tokenizer("\n\n".join(bundled_texts(split))).input_ids[:tokens]
+    or the recipe search), tokenized and cut into windows; `tokens` in all, at most. `seed`
+    other than 0 shuffles the split's documents first (0: in their bundled order)."""
+    texts = bundled_texts(split)
+    if seed:
+        random.Random(seed).shuffle(texts)
+    ids = tokenizer("\n\n".join(texts)).input_ids[:tokens]
     return [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
 
 
@@ -112,3 +116,43 @@ def make_samples(tokenizer: Any, texts: list[str], options: CalibrationOptions) 
             f"--calib-samples or --calib-seq-len, or give more text"
         )
     return torch.tensor(stream[:need]).view(options.samples, options.seq_len)
+
+
+def sampled_windows(
+    model: Any, tokenizer: Any, count: int, window: int = 256, *, seed: int = 0
+) -> torch.Tensor:
+    """[count, window] token ids the model writes itself: chats, where the tokenizer has a chat
+    template (the template's opening up to the user's words, then sampled turns), else text
+    after the start token; two of half a window each to a window, packed as the calibration
+    set packs documents (half the decoding steps of one to a window). The model's own
+    distribution, its chat formatting included: what a corpus of prose lacks. Sampled at
+    temperature 1 with top-p 0.95, seeded without touching the global random state; nothing
+    ends a sample early."""
+    from transformers import GenerationConfig
+
+    prefix = _chat_opening(tokenizer)
+    end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    half = window // 2
+    new = max(half - len(prefix), 1)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=0.95, top_k=0,
+                              max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                              pad_token_id=end)  # fmt: skip
+    device = next(model.parameters()).device
+    ids = torch.tensor([prefix] * 2 * count, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out.cpu().reshape(count, -1)[:, :window]
+
+
+def _chat_opening(tokenizer: Any) -> list[int]:
+    """The token ids before a user's first words in the tokenizer's chat template, or the start
+    token alone (the end token where there is none)."""
+    if getattr(tokenizer, "chat_template", None):
+        mark = "\x00"
+        text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False)
+        if mark in text:
+            return list(tokenizer(text.split(mark)[0], add_special_tokens=False).input_ids)
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return [start if start is not None else 0]

@@ -100,8 +100,9 @@ _stage_command(
 _stage_command(
     "recipe",
     ("recipe",),
-    "Search SmoothQuant's alphas for --dtype int8 --sq-alpha auto, in memory on the calibration "
-    "device; shared by variants.",
+    "Search what a mode leaves to measured accuracy, in memory on the calibration device: "
+    "SmoothQuant's alphas (--dtype int8 --sq-alpha auto), FP8's weight rounding (--dtype fp8); "
+    "shared by variants.",
     "trt-builder recipe --dtype int8 --calib-device cuda",
 )
 _stage_command(

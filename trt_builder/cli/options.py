@@ -98,6 +98,13 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         help="For --dtype int8-wo: clip each weight row where that lowers the calibrated output "
         "error (default), or leave the builder's plain rounding (no calibration).",
     ),
+    click.option(
+        "--fp8-search/--no-fp8-search",
+        default=None,
+        help="For --dtype fp8: the recipe stage chooses each weight's rounding, "
+        "error-compensated or to nearest, by accuracy on held-apart text (default), or every "
+        "weight is rounded to nearest, as modelopt writes it (no recipe stage).",
+    ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),
     click.option(
@@ -258,4 +265,5 @@ SPEC_KEYS: dict[str, str] = {
     "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",
     "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device", "kv_cache": "kv_cache",
     "sq_alpha": "int8.alpha", "sq_granularity": "int8.granularity", "wo_clip": "int8.wo_clip",
+    "fp8_search": "fp8.search",
 }  # fmt: skip

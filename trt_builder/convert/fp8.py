@@ -23,8 +23,10 @@ is a test oracle here, not a dependency (tests compare with its export).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,12 @@ import torch
 from ..calibrate.stats import load_stats
 from ..checkpoint.conformance import CONTRACTS, check_fp8
 from ..checkpoint.mapping import Mapping
+from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
+from ..core.fsio import write_json
 from ..models.family import Family, TensorRule
-from ..runtimes.fp8 import E4M3, FP8_LINEARS, FP8_MAX
+from ..runtimes.fp8 import E4M3, FP8_LINEARS, FP8_MAX, to_e4m3, weight_scale
 from ..spec.modes import FloatMode, Fp8
 from .kvcache import fp8_kv_scale, qkv_ranges, refuse_unsupported
 from .layers import LayerJob, split_layers
@@ -48,21 +52,6 @@ F32 = torch.float32
 SHARED_SCALE = {"mlp.fc.weight": "mlp.gate.weight", "mlp.gate.weight": "mlp.fc.weight"}
 #: What config.json's exclude_modules lists: the modules kept in the model dtype.
 EXCLUDED = ["lm_head", "transformer.vocab_embedding"]
-
-
-def weight_scale(weights: list[torch.Tensor]) -> torch.Tensor:
-    """weights_scaling_factor (float32 (1,)) of one GEMM's weight, or of weights that share one.
-    448 is a tensor, not a Python number: CUDA divides by a Python number as a multiplication by
-    its reciprocal, an ulp off at times (measured on the H200), and the scale must be the same
-    wherever the conversion runs."""
-    amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
-    scale = amax / torch.full_like(amax, FP8_MAX)
-    return scale.clamp(min=torch.finfo(F32).tiny).reshape(1)
-
-
-def quantize_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e4m3 of weight / scale, as modelopt's exporter writes it."""
-    return (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
 
 
 def input_scale(stats: dict[str, torch.Tensor], module: str) -> torch.Tensor:
@@ -77,14 +66,21 @@ def input_scale(stats: dict[str, torch.Tensor], module: str) -> torch.Tensor:
     return (amax / FP8_MAX).clamp(min=torch.finfo(F32).tiny).reshape(1)
 
 
+#: The recipe's e4m3 weight for (checkpoint name, float weight, its scale), None where it has
+#: none; it refuses one rounded at another scale.
+Chosen = Callable[[str, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+
+
 def layer_tensors(
     floats: dict[str, torch.Tensor],
     stats: dict[str, torch.Tensor],
     sources: dict[str, tuple[str, ...]],
     dtype: torch.dtype,
+    chosen: Chosen | None = None,
 ) -> dict[str, torch.Tensor]:
     """One layer's FP8 checkpoint tensors, in writing order, from its float tensors
-    (TensorRT-LLM names without the layer prefix)."""
+    (TensorRT-LLM names without the layer prefix); a weight `chosen` gives (the recipe's
+    rounding) is written as given, the others rounded to nearest."""
     rounded = {n: t.to(dtype) for n, t in floats.items()}  # the model modelopt would load
     out: dict[str, torch.Tensor] = {}
     for name, tensor in rounded.items():
@@ -96,11 +92,18 @@ def layer_tensors(
         )
         wsf = weight_scale(shared)
         base = name.removesuffix(".weight")
-        out[name] = quantize_weight(tensor, wsf)
+        out[name] = _weight(name, tensor, wsf, chosen)
         out[f"{base}.weights_scaling_factor"] = wsf.to(tensor.device)
         module = sources[name][0].removesuffix(".weight")  # q/k/v and gate/up share one input
         out[f"{base}.activation_scaling_factor"] = input_scale(stats, module).to(tensor.device)
     return out
+
+
+def _weight(name: str, tensor: torch.Tensor, scale: torch.Tensor, chosen: Chosen | None) -> Any:
+    """The e4m3 weight: the recipe's where it has one, else rounded to nearest. (The plan's meta
+    tensors are never looked up.)"""
+    given = None if chosen is None or tensor.is_meta else chosen(name, tensor, scale)
+    return to_e4m3(tensor, scale) if given is None else given.to(tensor.device)
 
 
 def convert_fp8(
@@ -111,17 +114,23 @@ def convert_fp8(
     *,
     tp: int = 1,
     pp: int = 1,
+    recipe: Path | None = None,
     remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` with the statistics in `calibration` into an FP8 checkpoint."""
+    """Convert `hf_dir` with the statistics in `calibration` into an FP8 checkpoint; `recipe`:
+    the recipe stage's recipe.json, whose chosen weight rounding it writes (mode.search)."""
     family, config, rules, index, notes = plan_conversion(
         hf_dir, FloatMode(mode.dtype), tp=tp, pp=pp
     )
     with ExitStack() as stack:
         stack.enter_context(index)  # closed on every way out, refusals included
-        job = _plan(mode, calibration, config, family, rules, index)
+        found, chosen = _recipe(mode, recipe, stack)
+        job = _plan(mode, calibration, config, family, rules, index, chosen)
         tensors = job.write(stack, out_dir, remember)
     record = finish(out_dir, config, family, tensors=tensors, notes=notes)
+    if found is not None:
+        write_json(out_dir / "recipe.json", found)  # trtllm-build reads only its own files
+        record["recipe"] = {k: found[k] for k in ("chosen", "tokens", "device")}
     for contract in CONTRACTS.values():  # a converter bug, caught before an engine build
         problems = check_fp8(out_dir, config, contract)
         if problems:
@@ -132,6 +141,44 @@ def convert_fp8(
     return record
 
 
+def _recipe(
+    mode: Fp8, recipe: Path | None, stack: ExitStack
+) -> tuple[dict[str, Any] | None, Chosen | None]:
+    """(recipe.json, its weights by checkpoint name) for a searched mode; (None, None) else."""
+    if not mode.search:
+        return None, None
+    if recipe is None or not recipe.is_file():
+        raise ConversionError(
+            "FP8 with a searched rounding needs the recipe: run trt-builder recipe --dtype fp8 "
+            "(or build with --no-fp8-search)"
+        )
+    found = json.loads(recipe.read_text())
+    if not found.get("weights"):
+        return found, None
+    weights = stack.enter_context(SafetensorsIndex([recipe.parent / found["weights"]]))
+    names = set(weights.names())
+
+    def chosen(name: str, tensor: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+        if name not in names:
+            return None
+        weight = weights.read(name)
+        at = weights.read(name.removesuffix(".weight") + ".weights_scaling_factor")
+        if weight.shape != tensor.shape or weight.dtype != E4M3 or not torch.equal(at, scale.cpu()):
+            raise ConversionError(
+                f"the recipe's FP8 rounding of {name} was made from other weights: rerun the "
+                "recipe (trt-builder recipe --dtype fp8 --force)"
+            )
+        return weight
+
+    return found, chosen
+
+
+def _in_layer(
+    chosen: Chosen, i: int, name: str, tensor: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor | None:
+    return chosen(f"transformer.layers.{i}.{name}", tensor, scale)
+
+
 def _plan(
     mode: Fp8,
     calibration: Path,
@@ -139,6 +186,7 @@ def _plan(
     family: Family,
     rules: list[TensorRule],
     index: Any,
+    chosen: Chosen | None,
 ) -> LayerJob:
     """Check what can be checked before writing; the quantization goes into `config`."""
     if mode.kv_cache != "model":
@@ -157,7 +205,8 @@ def _plan(
     def tensors(
         i: int, floats: dict[str, torch.Tensor], sources: dict[str, tuple[str, ...]]
     ) -> dict[str, torch.Tensor]:
-        out = layer_tensors(floats, stats, sources, dtype)
+        mine = None if chosen is None else partial(_in_layer, chosen, i)
+        out = layer_tensors(floats, stats, sources, dtype, mine)
         if mode.kv_fp8:
             scale = fp8_kv_scale(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
             out["attention.kv_cache_scaling_factor"] = scale.to(

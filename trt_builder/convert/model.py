@@ -33,7 +33,7 @@ def convert_model(
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir` in `mode`; the summary.
     `calibration`: the statistics directory, for the modes that need one; `recipe`: the
-    recipe stage's recipe.json, for SmoothQuant with alpha "auto"; `remember`: given each
+    recipe stage's recipe.json, for SmoothQuant with alpha "auto" and searched FP8; `remember`: given each
     rank file's sha256, hashed as it was written (DigestCache.remember)."""
     raise TypeError(f"internal: no converter for {type(mode).__name__}")
 
@@ -73,4 +73,5 @@ def _fp8(mode: Fp8, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
          calibration: Path | None, recipe: Path | None = None,
          remember: Callable[[Path, str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     assert calibration is not None  # FP8 always calibrates: the activation scales
-    return convert_fp8(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp, remember=remember)
+    return convert_fp8(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp, recipe=recipe,
+                       remember=remember)  # fmt: skip

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
 from ..recipe.candidates import recipe_dir, searches
+from ..spec.modes import Fp8
 
 
 class ConvertStage:
@@ -25,8 +26,9 @@ class ConvertStage:
         }
         if ctx.spec.mode.needs_calibration:
             inputs["calibration"] = self._calibration(ctx) / "calibration.safetensors"
-        if searches(ctx):
-            inputs["recipe"] = recipe_dir(ctx) / "recipe.json"
+        if searches(ctx):  # FP8's: recipe.json and the weights beside it
+            fp8 = isinstance(ctx.spec.mode, Fp8)
+            inputs["recipe"] = recipe_dir(ctx) if fp8 else recipe_dir(ctx) / "recipe.json"
         return inputs
 
     def _calibration(self, ctx: BuildContext) -> Path:

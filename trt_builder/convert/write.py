@@ -16,7 +16,7 @@ from ..models.family import Family, TensorRule
 
 def load_sources(rule: TensorRule, index: SafetensorsIndex) -> list[torch.Tensor]:
     """The rule's source tensors as views of the input files (Conv1D weights transposed)."""
-    return [index.read(s).t() if rule.transpose else index.read(s) for s in rule.sources]
+    return rule.read(index)
 
 
 def checker(rule: TensorRule, dtype: torch.dtype) -> Check:

@@ -26,6 +26,15 @@ class TensorRule:
             raise ValueError(f"{self.name}: a rule with several sources needs one shape per source")
         return self.source_shapes or (self.shape,)
 
+    def read(self, index: Any) -> list[Any]:
+        """The source tensors as `index` (a SafetensorsIndex) reads them, Conv1D weights
+        transposed to [out, in]; concatenated on dim 0 they are this tensor."""
+        return [index.read(s).t() if self.transpose else index.read(s) for s in self.sources]
+
+    def rows(self) -> list[int]:
+        """Each source's rows in this tensor."""
+        return [shape[0] for shape in self.expected()]
+
 
 def _no_advice(cfg: dict[str, Any]) -> list[str]:
     return []

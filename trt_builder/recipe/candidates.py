@@ -1,4 +1,5 @@
-"""What the recipe search tries and scores on, and where its recipe goes. No torch: the stage's
+"""What the recipe searches try and score on (SmoothQuant's alphas; FP8's weight rounding), and
+where their recipe goes. No torch: the stage's
 key is computed from it on every run, cached ones included; and convert imports this module
 alone of the recipe's, so that editing the search does not change convert's key."""
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.stage import BuildContext
-from ..spec.modes import SmoothQuant
+from ..spec.modes import Fp8, QuantMode, SmoothQuant
 
 #: Global alphas tried.
 ALPHAS = (0.4, 0.5, 0.6, 0.7, 0.8)
@@ -33,12 +34,43 @@ class SearchSet:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Fp8SearchSet:
+    """What the FP8 search tries and scores on (recipe/fp8.py): its cache key, with the
+    calibration and the model. The weights are rounded to `dtype` before FP8, as convert
+    rounds them. `fit_tokens` give each GEMM's input Hessian and the next `tokens` score the
+    candidates, each half prose of the search split and half text the model samples itself;
+    `seed` shuffles the split's documents (0: as bundled) and seeds the sampling."""
+
+    dtype: str = "float16"
+    tokens: int = 4096
+    fit_tokens: int = 6144
+    damp: float = 0.01  # GPTQ's dampening: a fraction of the Hessian's mean diagonal
+    block: int = 128  # columns updated together (GPTQ's lazy batch)
+    seed: int = 0
+
+    def key_fields(self) -> dict[str, Any]:
+        return {"mode": "fp8", **asdict(self)}
+
+
+def search_set(mode: QuantMode) -> SearchSet | Fp8SearchSet | None:
+    """What the recipe stage searches for this mode, or None where it does not run."""
+    if isinstance(mode, SmoothQuant) and mode.alpha is None:
+        return SearchSet(per_token=mode.per_token)
+    if isinstance(mode, Fp8) and mode.search:
+        return Fp8SearchSet(dtype=mode.dtype)
+    return None
+
+
 def searches(ctx: BuildContext) -> bool:
-    """Whether the mode leaves SmoothQuant's alpha to the search."""
-    mode = ctx.spec.mode
-    return isinstance(mode, SmoothQuant) and mode.alpha is None
+    """Whether the mode leaves a choice to the recipe stage (SmoothQuant's alpha "auto", FP8's
+    searched rounding)."""
+    return search_set(ctx.spec.mode) is not None
 
 
 def recipe_dir(ctx: BuildContext) -> Path:
+    choice = search_set(ctx.spec.mode)
+    if isinstance(choice, Fp8SearchSet):  # the rounded weights depend on the dtype
+        return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-fp8-{choice.dtype}")
     granularity = "per-token" if getattr(ctx.spec.mode, "per_token", True) else "per-tensor"
     return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-{granularity}")

@@ -25,9 +25,8 @@ Nothing is written: only the recipe (recipe.json) leaves this step; convert buil
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,80 +39,8 @@ from ..models.registry import family_for
 from ..source.files import read_hf_config, weight_files
 from ..source.hf import pick_device
 from .candidates import SearchSet
+from .score import WINDOW, Scorer, figures, halving, mean_se
 from .simulate import Group, Simulation, column_max, gemm_groups, plugin_gemm
-
-WINDOW = 256
-
-
-def _mean_se(values: torch.Tensor) -> tuple[float, float]:
-    n = values.numel()
-    mean = float(values.mean())
-    return mean, float(values.std(unbiased=True)) / math.sqrt(n) if n > 1 else 0.0
-
-
-class _Scorer:
-    """The float model's next-token distributions on the scoring windows, and each candidate's
-    per-window figures against them. KL(p || q) = sum p log p - sum p logits_q + lse(logits_q)
-    (sum p = 1): one pass over the vocabulary per figure, no log-softmax materialised."""
-
-    def __init__(self, model: Any, ids: torch.Tensor, batch: int, device: str) -> None:
-        self.model, self.ids, self.batch, self.device = model, ids, batch, device
-        self.p: list[torch.Tensor] = []  # the float model's probabilities, per batch
-        self.neg_entropy: list[torch.Tensor] = []
-        self.top: list[torch.Tensor] = []
-        self.target_logp: list[torch.Tensor] = []
-        for row, logits in self._logits():
-            logp = torch.log_softmax(logits, -1)
-            p = logp.exp()
-            self.neg_entropy.append(torch.linalg.vecdot(p, logp))
-            self.top.append(logits.argmax(-1))
-            self.target_logp.append(self._target(logp, row))
-            self.p.append(p)
-            del logp
-
-    def _target(self, values: torch.Tensor, row: int) -> torch.Tensor:
-        target = self.ids[row : row + self.batch, 1:].to(values.device)[..., None]
-        return values[:, :-1].gather(-1, target).squeeze(-1)
-
-    def _logits(self, part: slice = slice(None)) -> Iterator[tuple[int, torch.Tensor]]:
-        with torch.inference_mode():
-            for row in list(range(0, self.ids.shape[0], self.batch))[part]:
-                ids = self.ids[row : row + self.batch].to(self.device)
-                yield row, self.model(ids, use_cache=False).logits.float()
-
-    @property
-    def batches(self) -> int:
-        return -(-self.ids.shape[0] // self.batch)
-
-    def windows(self, part: slice = slice(None)) -> dict[str, torch.Tensor]:
-        """Per window of the batches in `part`: mean KL(float || candidate), mean NLL
-        increase, top-1 agreement."""
-        kl, dnll, top1 = [], [], []
-        for (row, logits), i in zip(self._logits(part), range(self.batches)[part], strict=True):
-            lse = torch.logsumexp(logits, -1)
-            kl.append((self.neg_entropy[i] - torch.linalg.vecdot(self.p[i], logits) + lse)
-                      .double().mean(-1))  # fmt: skip
-            target = self._target(logits, row) - lse[:, :-1]
-            dnll.append((self.target_logp[i] - target).double().mean(-1))
-            top1.append((logits.argmax(-1) == self.top[i]).double().mean(-1))
-        return {"kl": torch.cat(kl).cpu(), "dnll": torch.cat(dnll).cpu(),
-                "top1": torch.cat(top1).cpu()}  # fmt: skip
-
-
-def figures(windows: dict[str, torch.Tensor]) -> dict[str, float]:
-    """A candidate's figures with their standard errors over the windows."""
-    kl, kl_se = _mean_se(windows["kl"])
-    dnll, dnll_se = _mean_se(windows["dnll"])
-    top1, top1_se = _mean_se(windows["top1"])
-    growth = math.exp(dnll)
-    return {
-        "kl": kl,
-        "kl_se": kl_se,
-        "ppl_delta_pct": 100.0 * (growth - 1.0),
-        "ppl_delta_pct_se": 100.0 * growth * dnll_se,
-        "top1": top1,
-        "top1_se": top1_se,
-    }
 
 
 def fit_per_layer(
@@ -159,30 +86,6 @@ def _fit_hook(group: Group, module: Any, wmax: torch.Tensor, ax: torch.Tensor, a
     return hook
 
 
-def _halving(
-    sim: Simulation,
-    scorer: _Scorer,
-    trials: dict[str, dict[str, float | None]],
-    progress: Any,
-) -> tuple[dict[str, dict[str, torch.Tensor]], list[str]]:
-    """Successive halving: every candidate on the first half of the windows, the two with the
-    least mean KL on the rest too. (Per-window figures by candidate, the finalists.)"""
-    half = slice(0, max(1, scorer.batches // 2))
-    rest = slice(half.stop, None)
-    per_window: dict[str, dict[str, torch.Tensor]] = {}
-    for name, trial in trials.items():
-        progress(f"scoring {name}")
-        sim.alphas = trial
-        per_window[name] = scorer.windows(half)
-    finalists = sorted(per_window, key=lambda n: float(per_window[n]["kl"].mean()))[:2]
-    for name in finalists if rest.start < scorer.batches else ():
-        progress(f"scoring {name} on the other half")
-        sim.alphas = trials[name]
-        more = scorer.windows(rest)
-        per_window[name] = {k: torch.cat((v, more[k])) for k, v in per_window[name].items()}
-    return per_window, finalists
-
-
 def search(
     hf_dir: Path,
     calibration: Path,
@@ -223,12 +126,13 @@ def search(
         progress("fitting alphas per layer and GEMM group")
         fitted, sensitivity = fit_per_layer(sim, fit_ids, choice.grid, batch, first)
         progress("the float model's log-probabilities")
-        scorer = _Scorer(model, ids, batch, first)
+        scorer = Scorer(model, ids, batch, first)
         trials: dict[str, dict[str, float | None]] = {
             f"alpha {a}": {g.key: a for g in groups} for a in choice.alphas
         }
         trials["per layer"] = {k: v for k, v in fitted.items()}
-        per_window, finalists = _halving(sim, scorer, trials, progress)
+        per_window, finalists = halving(partial(setattr, sim, "alphas"), scorer, trials,
+                                        progress)  # fmt: skip
     del model, sim
     candidates: list[dict[str, Any]] = [
         {"name": name, "alpha": float(name.split()[1]) if name != "per layer" else "per layer",
@@ -239,7 +143,7 @@ def search(
                     key=lambda c: (c["kl"], -c["top1"]))  # fmt: skip
     winner, runner = ranked[0], ranked[-1]
     diff = per_window[str(runner["name"])]["kl"] - per_window[str(winner["name"])]["kl"]
-    lead, lead_se = _mean_se(diff)
+    lead, lead_se = mean_se(diff)
     shared = min(int(v["kl"].numel()) for v in per_window.values())  # every candidate's windows
     best_global = min((n for n in trials if n != "per layer"),
                       key=lambda n: float(per_window[n]["kl"][:shared].mean()))  # fmt: skip

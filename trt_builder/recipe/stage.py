@@ -1,10 +1,12 @@
-"""recipe: SmoothQuant's alphas searched on held-apart text, in memory (search.py), for a mode
-whose alpha is `auto`. Keyed by the model's weights, the calibration, the search split, the
-candidate set and the search's own code: editing the converter reruns convert alone, and a
-recipe that comes out the same does not rerun convert."""
+"""recipe: what a mode leaves to measured accuracy, searched on held-apart text in memory:
+SmoothQuant's alphas for alpha `auto` (search.py), FP8's weight rounding (fp8.py). Keyed by the
+model's weights, the calibration, the search split, the candidate set and the search's own
+code: editing the converter reruns convert alone, and a recipe that comes out the same does not
+rerun convert."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,7 +14,7 @@ from typing import Any, ClassVar
 from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
 from ..core.stage import BuildContext
-from .candidates import SearchSet, recipe_dir, searches
+from .candidates import Fp8SearchSet, SearchSet, recipe_dir, search_set, searches
 
 SEARCH_SPLIT = Path(__file__).parents[1] / "calibrate" / "data" / "search.jsonl"
 
@@ -38,23 +40,35 @@ class RecipeStage:
         inputs["search split"] = SEARCH_SPLIT
         return inputs
 
-    def _choice(self, ctx: BuildContext) -> SearchSet:
-        return SearchSet(per_token=bool(getattr(ctx.spec.mode, "per_token", True)))
+    def _choice(self, ctx: BuildContext) -> SearchSet | Fp8SearchSet:
+        choice = search_set(ctx.spec.mode)
+        return SearchSet() if choice is None else choice  # None: asked for by name, not run
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return self._choice(ctx).key_fields()
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
-        from .search import search  # torch and transformers: only when it runs
-
         options = ctx.spec.calibrate
+        choice = self._choice(ctx)
+        where: dict[str, Any] = dict(device=options.device, batch=options.batch_size, offload=work / "offload",
+                     progress=ctx.progress, handoff=ctx.handoff)  # fmt: skip
+        keys = ["chosen", "tokens", "device", "seconds", "peak_gpu_bytes"]
         try:
-            recipe = search(ctx.layout.hf, self._calibration(ctx), self._choice(ctx),
-                            device=options.device, batch=options.batch_size,
-                            offload=work / "offload", progress=ctx.progress,
-                            handoff=ctx.handoff)  # fmt: skip
+            if isinstance(choice, Fp8SearchSet):
+                from safetensors.torch import save_file
+
+                from .fp8 import WEIGHTS, search_fp8  # torch and transformers: when it runs
+
+                recipe, tensors = search_fp8(ctx.layout.hf, self._calibration(ctx), choice, **where)
+                if tensors:
+                    save_file(tensors, str(work / WEIGHTS), metadata={"format": "pt"})
+                    os.chmod(work / WEIGHTS, 0o644)  # safetensors makes it 0600
+            else:
+                from .search import search
+
+                recipe = search(ctx.layout.hf, self._calibration(ctx), choice, **where)
+                keys.append("alpha")
         finally:
             shutil.rmtree(work / "offload", ignore_errors=True)
         write_json(work / "recipe.json", recipe)
-        keys = ("chosen", "alpha", "tokens", "device", "seconds", "peak_gpu_bytes")
         return {k: recipe[k] for k in keys}

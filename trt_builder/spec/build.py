@@ -140,6 +140,17 @@ class Int8Options:
 
 
 @dataclass(frozen=True)
+class Fp8Options:
+    """The FP8 recipe (--dtype fp8): whether the recipe stage searches each weight's rounding."""
+
+    search: bool = True  # false: round to nearest at the amax scales, as modelopt; no recipe
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.search, bool):
+            raise SpecError("fp8.search must be true or false")
+
+
+@dataclass(frozen=True)
 class TritonOptions:
     """The Triton deployment: streaming (decoupled) or not, the KV cache's share of free GPU
     memory, how many published versions to keep, and where the serving container sees the
@@ -237,6 +248,7 @@ class BuildSpec:
     calibrate: CalibrationOptions = field(default_factory=CalibrationOptions)
     kv_cache: str = "model"  # int8 or fp8: a quantized KV cache (calibrated)
     int8: Int8Options = field(default_factory=lambda: Int8Options())
+    fp8: Fp8Options = field(default_factory=lambda: Fp8Options())
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -288,7 +300,7 @@ class BuildSpec:
         alpha = None if self.int8.alpha == "auto" else float(self.int8.alpha)
         return mode_for(self.dtype, kv_cache=self.kv_cache, alpha=alpha,
                         granularity=self.int8.granularity,
-                        wo_clip=self.int8.wo_clip)[0]  # fmt: skip
+                        wo_clip=self.int8.wo_clip, fp8_search=self.fp8.search)[0]  # fmt: skip
 
     @property
     def mode_notice(self) -> str | None:
@@ -315,6 +327,7 @@ _SECTIONS = {
     "verify": VerifyOptions,
     "calibrate": CalibrationOptions,
     "int8": Int8Options,
+    "fp8": Fp8Options,
 }
 _PATH_FIELDS = ("out", "triton_root")
 

@@ -148,10 +148,15 @@ class Fp8(_KVCache):
     """FP8 per-tensor W8A8 (`quant_algo: FP8`, TensorRT-LLM's FP8Linear): e4m3 weights and
     activations, each GEMM with one float32 dequantization scale per tensor for its weight and
     one for its input (amax / 448, the input's from calibration); norms, embeddings and lm_head
-    stay in `dtype`, lm_head listed in `exclude_modules` (convert/fp8.py, docs/quantization.md)."""
+    stay in `dtype`, lm_head listed in `exclude_modules` (convert/fp8.py, docs/quantization.md).
+
+    `search`: the recipe stage chooses each weight's e4m3 rounding, error-compensated against
+    the float GEMM or plain round-to-nearest, by measured accuracy (recipe/fp8.py); off, every
+    weight is rounded to nearest, as modelopt's exporter writes it (no recipe stage)."""
 
     dtype: str = "float16"
     kv_cache: str = "model"  # model, int8 or fp8
+    search: bool = True
 
     def __post_init__(self) -> None:
         _check_16_bit("FP8", self.dtype)
@@ -163,14 +168,14 @@ class Fp8(_KVCache):
 
     @property
     def name(self) -> str:
-        return "fp8" + KV_SUFFIX[self.kv_cache]
+        return "fp8" + ("" if self.search else "-nosearch") + KV_SUFFIX[self.kv_cache]
 
     @property
     def quant_algo(self) -> str | None:
         return "FP8"
 
     def to_json(self) -> dict:
-        return {"mode": "fp8", "version": 1, **asdict(self)}
+        return {"mode": "fp8", "version": 2, **asdict(self)}  # 2: search
 
 
 QuantMode = FloatMode | WeightOnlyInt8 | SmoothQuant | Fp8
@@ -186,6 +191,7 @@ def mode_for(
     alpha: float | None = None,
     granularity: str = "per-token",
     wo_clip: bool = True,
+    fp8_search: bool = True,
 ) -> tuple[QuantMode, str | None]:
     """Return the mode for a `--dtype` value (and the INT8 options) and a notice, if any."""
     _check_kv(kv_cache)
@@ -198,5 +204,5 @@ def mode_for(
     if dtype == "int8-wo":
         return WeightOnlyInt8(kv_cache=kv_cache, clip=wo_clip), None
     if dtype == "fp8":
-        return Fp8(kv_cache=kv_cache), None
+        return Fp8(kv_cache=kv_cache, search=fp8_search), None
     raise SpecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
