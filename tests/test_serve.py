@@ -334,13 +334,18 @@ def test_the_default_model_in_int8_serves_its_chat_template(
 def default_variants(
     smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[Any, Path]]:
-    """SmolLM2-135M-Instruct built from its fetched directory: float16 (plain), and int8 with
-    the INT8 KV cache (streaming); the build result and the repository of each."""
+    """SmolLM2-135M-Instruct built from its fetched directory: float16 (plain), int8 with the
+    INT8 KV cache (streaming), and fp8 with the FP8 KV cache (plain; rounded to nearest, which
+    spares CI the search: a searched checkpoint differs only in its e4m3 values); the build
+    result and the repository of each."""
     root = tmp_path_factory.mktemp("variants")
     return {
         "float16": _package(smollm2_hf, root, dtype="float16"),
         "int8-kv8": _package(
             smollm2_hf, root, dtype="int8", kv_cache="int8", **{"triton.streaming": True}
+        ),  # fmt: skip
+        "fp8-fp8kv": _package(
+            smollm2_hf, root, dtype="fp8", kv_cache="fp8", **{"fp8.search": False}
         ),  # fmt: skip
     }
 
@@ -352,20 +357,23 @@ CHATS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", ["float16", "int8-kv8"])
-def test_the_default_model_serves_in_float16_and_with_the_int8_kv_cache(
+@pytest.mark.parametrize("variant", ["float16", "int8-kv8", "fp8-fp8kv"])
+def test_the_default_model_serves_in_float16_int8_and_fp8(
     default_variants: dict[str, tuple[Any, Path]], smollm2_hf: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str], variant: str,
 ) -> None:  # fmt: skip
     """Each repository loads, and answers chats (the model's own template) as the checkpoint
-    runtime answers them; in float16 also as transformers does in float16."""
+    runtime answers them, over gRPC (streamed where the repository streams) and, for fp8, over
+    HTTP too; in float16 also as transformers does in float16."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     result, repository = default_variants[variant]
     config = json.loads((result.layout.checkpoint / "config.json").read_text())
-    want_kv = "INT8" if variant == "int8-kv8" else None
+    want_kv = {"int8-kv8": "INT8", "fp8-fp8kv": "FP8"}.get(variant)
     assert config["quantization"]["kv_cache_quant_algo"] == want_kv
+    algo = {"int8-kv8": "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN", "fp8-fp8kv": "FP8"}.get(variant)
+    assert config["quantization"]["quant_algo"] == algo
     tokenizer = AutoTokenizer.from_pretrained(repository / "preprocessing" / "tokenizer")
     runtime = CheckpointRuntime.load(result.layout.checkpoint)
     hf = None
@@ -380,10 +388,12 @@ def test_the_default_model_serves_in_float16_and_with_the_int8_kv_cache(
             if hf is not None:
                 out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
                 assert out[0, len(ids) : len(ids) + len(want)].tolist() == want
-            assert main(["infer", "--url", server.grpc_url, "--messages", json.dumps(chat),
-                         "--max-tokens", "12", "--json", *stream]) == 0  # fmt: skip
-            text = json.loads(capsys.readouterr().out)["text"]  # streamed: tensorrt_llm_bls
-            assert text == tokenizer.decode(want, skip_special_tokens=True) and text.strip()
+            urls = [server.grpc_url] + ([server.http_url] if variant == "fp8-fp8kv" else [])
+            for url in urls:
+                assert main(["infer", "--url", url, "--messages", json.dumps(chat),
+                             "--max-tokens", "12", "--json", *stream]) == 0  # fmt: skip
+                text = json.loads(capsys.readouterr().out)["text"]  # streamed: tensorrt_llm_bls
+                assert text == tokenizer.decode(want, skip_special_tokens=True) and text.strip()
 
 
 def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
