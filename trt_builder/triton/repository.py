@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..core.errors import PackageError
 from ..core.fsio import link_or_copy, replace_symlink
+from ..source.portable import copy_portable
 from .conformance import common_tensors, required_parameters
 
 # (name, data type, dims, optional) — the tensors each model exposes.
@@ -323,8 +324,8 @@ def write_repository(
             (work / name / version / "model.py").write_text((models / f"{name}.py").read_text())
     tokenizer_dir = work / "preprocessing" / "tokenizer"
     tokenizer_dir.mkdir()
-    for path in tokenizer_files:
-        shutil.copy2(path, tokenizer_dir / path.name)
+    for path in tokenizer_files:  # read by transformers 4.57 in TensorRT-LLM 1.x's containers
+        copy_portable(path, tokenizer_dir / path.name)
     shipped = (
         [(engine_dir, "engine")] if engine_dir is not None and opts.backend != "reference" else []
     )
