@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from trt_builder.checkpoint.fp8 import E4M3, to_e4m3, weight_scale
 from trt_builder.core.errors import ConversionError
 from trt_builder.recipe.fp8 import SIMPLEST_FIRST
 from trt_builder.recipe.rounding import compensated_e4m3
-from trt_builder.runtimes.fp8 import E4M3, to_e4m3, weight_scale
 
 E4M3_BYTES = torch.uint8
 

@@ -34,13 +34,13 @@ import torch
 
 from ..calibrate.stats import load_stats
 from ..checkpoint.conformance import CONTRACTS, check_fp8
+from ..checkpoint.fp8 import E4M3, FP8_LINEARS, FP8_MAX, to_e4m3, weight_scale
 from ..checkpoint.mapping import Mapping
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..core.fsio import write_json
 from ..models.family import Family, TensorRule
-from ..runtimes.fp8 import E4M3, FP8_LINEARS, FP8_MAX, to_e4m3, weight_scale
 from ..spec.modes import FloatMode, Fp8
 from .kvcache import fp8_kv_scale, qkv_ranges, refuse_unsupported
 from .layers import LayerJob, split_layers

@@ -132,8 +132,16 @@ def fp8_kv_scale(ranges: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
     below 1.0. K is read after RoPE, which rotates each pair (d, d + rotary / 2): its bound is
     sqrt(a_d^2 + a_d'^2). No balancing: e4m3 is a float format, its relative step is the same
     at any magnitude its range covers."""
+    a_k, a_v = kv_amax(ranges, config)
+    return (torch.maximum(a_k, a_v) / 448.0).clamp(min=1.0).reshape(1)
+
+
+def kv_amax(ranges: torch.Tensor, config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K's, V's) absmax over the layer (float32 scalars) from the calibrated absmax of each
+    qkv output row: V's as calibrated, K's after RoPE, which rotates each pair (d, d +
+    rotary / 2): its bound is sqrt(a_d^2 + a_d'^2)."""
     _, a_k, a_v = _split_ranges(ranges, config, torch.hypot)
-    return (torch.maximum(a_k.amax(), a_v.amax()) / 448.0).clamp(min=1.0).reshape(1)
+    return a_k.amax(), a_v.amax()
 
 
 def refuse_unsupported(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.config import engine_config, resolve_dtype
 from ..checkpoint.mapping import check_mapping
 from ..checkpoint.safetensors_io import SafetensorsIndex
-from ..core.dtypes import FLOATS
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import family_for
@@ -15,40 +15,11 @@ from ..source.files import read_hf_config, weight_files
 from ..spec.modes import QuantMode
 
 
-def resolve_dtype(dtype: str, hf_config: dict[str, Any]) -> str:
-    """`auto` is the checkpoint's own dtype, with float32 sources written as float16."""
-    if dtype != "auto":
-        return dtype
-    text = hf_config.get("text_config") or {}
-    source = (
-        hf_config.get("dtype") or hf_config.get("torch_dtype") or text.get("dtype") or "float16"
-    )
-    return "float16" if source == "float32" or source not in FLOATS else str(source)
-
-
 def trtllm_config(
     family: Family, hf_config: dict[str, Any], mode: QuantMode, *, tp: int = 1, pp: int = 1
 ) -> dict[str, Any]:
-    config = family.config(hf_config)
-    config.update(
-        dtype=resolve_dtype(mode.dtype, hf_config),
-        logits_dtype="float32",
-        mapping={
-            "world_size": tp * pp,
-            "tp_size": tp,
-            "pp_size": pp,
-            "cp_size": 1,
-            "gpus_per_node": 8,
-        },
-        quantization={
-            "quant_algo": mode.quant_algo,
-            "kv_cache_quant_algo": None,
-            # null keeps TensorRT-LLM's default exclusions (lm_head, vocab_embedding, ...); a list
-            # without vocab_embedding would turn the embedding into an INT8 layer the file cannot fill.
-            "exclude_modules": None,
-        },
-    )
-    return config
+    dtype = resolve_dtype(mode.dtype, hf_config)
+    return engine_config(family, hf_config, dtype, quant_algo=mode.quant_algo, tp=tp, pp=pp)
 
 
 def plan_conversion(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtimes.fp8 import E4M3, FP8_MAX
+from ..checkpoint.fp8 import E4M3, FP8_MAX
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:

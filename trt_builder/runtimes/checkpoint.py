@@ -16,11 +16,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
-from .fp8 import E4M3, fp8_kernel_runs, fp8_matmul, to_e4m3
+from .fp8 import fp8_kernel_runs, fp8_matmul
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 
 

@@ -1,6 +1,6 @@
 """The arithmetic of TensorRT-LLM's FP8 per-tensor GEMM (FP8Linear, `quant_algo: FP8`) and of
-the FP8 KV cache, in one place: the converter stores the operands (convert/fp8.py), the
-checkpoint runtime executes them.
+the FP8 KV cache, in one place: the converter stores the operands (convert/fp8.py, rounded as
+checkpoint/fp8.py says), the checkpoint runtime executes them.
 
 - the input is quantized with its static scale a (`activation_scaling_factor`, a dequantization
   scale): e4m3(x / a), saturating at +-448 as TensorRT's FP8 quantize does;
@@ -20,30 +20,7 @@ import warnings
 
 import torch
 
-E4M3 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-#: The GEMMs the FP8 checkpoint stores in e4m3 (TensorRT-LLM names, within a decoder layer).
-FP8_LINEARS = ("attention.qkv.weight", "attention.dense.weight", "mlp.fc.weight",
-               "mlp.gate.weight", "mlp.proj.weight")  # fmt: skip
-
 _NOTICED: set[tuple[int, int]] = set()
-
-
-def to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e4m3 of x / scale, divided in float32 and saturated at +-448 (the cast itself need not
-    saturate on every device): an activation as the engine quantizes it, and a weight as
-    modelopt's exporter writes it."""
-    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
-
-
-def weight_scale(weights: list[torch.Tensor]) -> torch.Tensor:
-    """weights_scaling_factor (float32 (1,)) of one GEMM's weight, or of weights that share one.
-    448 is a tensor, not a Python number: CUDA divides by a Python number as a multiplication by
-    its reciprocal, an ulp off at times (measured on the H200), and the scale must be the same
-    wherever the conversion runs."""
-    amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
-    scale = amax / torch.full_like(amax, FP8_MAX)
-    return scale.clamp(min=torch.finfo(torch.float32).tiny).reshape(1)
 
 
 def fp8_kernel_runs(device: torch.device) -> bool:
