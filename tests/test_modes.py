@@ -41,7 +41,14 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "fp8-fp8kv-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8"),
     "fp8-nosearch-tp1-pp1": ("--dtype", "fp8", "--no-fp8-search"),
     "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
+    # --target llmapi: the Hugging Face checkpoint and the llmapi repository (docs/llmapi.md)
+    "float16-llmapi-tp1-pp1": ("--dtype", "float16", "--target", "llmapi"),
+    "fp8-llmapi-tp1-pp1": ("--dtype", "fp8", "--target", "llmapi"),
+    "fp8-fp8kv-llmapi-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8", "--target", "llmapi"),
 }
+#: The llmapi rows, each with the engine-target row whose checkpoint holds the same numbers.
+LLMAPI = {"float16-llmapi-tp1-pp1": "float16-tp1-pp1", "fp8-llmapi-tp1-pp1": "fp8-tp1-pp1",
+          "fp8-fp8kv-llmapi-tp1-pp1": "fp8-fp8kv-tp1-pp1"}  # fmt: skip
 #: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
 KV_CACHE_POINTS = 0.5
 
@@ -57,12 +64,14 @@ def test_the_matrix_covers_every_mode_the_cli_offers() -> None:
         "dtype": _choices("dtype"),
         "kv_cache": _choices("kv_cache"),
         "sq_granularity": _choices("sq_granularity"),
+        "target": _choices("target"),
     }
     built: dict[str, set[str]] = {key: set() for key in offered}
     for argv in MATRIX.values():
         flags = dict(zip(argv[::2], argv[1::2], strict=False))
         built["dtype"].add(flags["--dtype"])
         built["kv_cache"].add(flags.get("--kv-cache", "model"))
+        built["target"].add(flags.get("--target", "engine"))
         if flags["--dtype"] == "int8":
             built["sq_granularity"].add(flags.get("--sq-granularity", "per-token"))
     assert built == offered
@@ -93,7 +102,7 @@ def matrix(default_build: tuple[Path, dict[str, Any]]) -> Any:
     return row
 
 
-@pytest.mark.parametrize("variant", sorted(MATRIX))
+@pytest.mark.parametrize("variant", sorted(set(MATRIX) - set(LLMAPI)))
 def test_every_mode_builds_through_verify_and_package(
     variant: str, matrix: Any, default_build: tuple[Path, dict[str, Any]]
 ) -> None:
@@ -130,6 +139,41 @@ def test_every_mode_builds_through_verify_and_package(
             "lm_head",
             "transformer.vocab_embedding",
         ]
+
+
+@pytest.mark.parametrize("variant", sorted(LLMAPI))
+def test_the_llmapi_target_builds_through_verify_and_package_with_the_engine_targets_numbers(
+    variant: str, matrix: Any, default_build: tuple[Path, dict[str, Any]]
+) -> None:
+    """The default model --target llmapi: the Hugging Face checkpoint, no engine stage, the
+    llmapi repository; verify's figures are those of the engine target's build of the same
+    mode (the same weights and scales; the FP8 KV cache's scale 1.0 in both here: the engine
+    target's is never below 1.0, and SmolLM2's K and V stay under 448)."""
+    cwd, _ = default_build
+    proc, result = matrix(variant)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert result["ok"] and result["variant"] == variant
+    stages = {s["name"]: s for s in result["stages"]}
+    assert "engine" not in stages and stages["package"]["status"] in ("ran", "cached")
+    checkpoint = cwd / result["variant_dir"] / "checkpoint"
+    assert (checkpoint / "model.safetensors").is_file() and (
+        checkpoint / "tokenizer.json"
+    ).is_file()
+    assert (checkpoint / "hf_quant_config.json").is_file() == variant.startswith("fp8")
+    report = json.loads((cwd / result["variant_dir"] / "reports" / "verify.json").read_text())
+    gate = gate_for(checkpoint_mode(checkpoint))
+    assert report["passed"] and report["top1"] >= gate.min_top1 and report["kl_mean"] <= gate.max_kl
+    engine_proc, engine = matrix(LLMAPI[variant])
+    assert engine_proc.returncode == 0, engine_proc.stderr[-3000:]
+    engine_report = json.loads(
+        (cwd / engine["variant_dir"] / "reports" / "verify.json").read_text()
+    )
+    for key in ("top1", "kl_mean", "greedy_agreement"):
+        assert report[key] == engine_report[key], key
+    assert report["perplexity"]["delta_pct"] == engine_report["perplexity"]["delta_pct"]
+    repo = cwd / result["triton_repository"]
+    assert [p.parent.name for p in repo.glob("*/config.pbtxt")] == ["tensorrt_llm"]
+    assert len(list(repo.glob("tensorrt_llm/*/model.yaml"))) == 1
 
 
 @pytest.mark.parametrize(

@@ -409,8 +409,9 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
 @click.option(
     "--stream", is_flag=True, help="Print the answer as it comes (a streaming repository)."
 )
-@click.option("--model", help="The model to ask [default: ensemble; with --stream, "
-              "tensorrt_llm_bls where the server has it: its pieces are whole characters].")  # fmt: skip
+@click.option("--model", help="The model to ask [default: ensemble, or tensorrt_llm for an "
+              "llmapi repository; with --stream, tensorrt_llm_bls where the server has it: its "
+              "pieces are whole characters].")  # fmt: skip
 @click.option(
     "--timeout", type=float, default=60.0, show_default=True, help="Seconds per response."
 )
@@ -458,7 +459,6 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
         if not as_json:
             click.echo()
     else:
-        model = model or "ensemble"
         answer = client.generate(url, request, model=model, timeout=timeout)
         if not as_json:
             click.echo(answer)

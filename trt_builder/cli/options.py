@@ -11,7 +11,7 @@ import click
 
 from ..core.errors import SpecError
 from ..fleet.file import parse_duration
-from ..spec.build import GEMM_PLUGINS
+from ..spec.build import GEMM_PLUGINS, TARGETS
 from ..spec.gpus import GPUS
 from ..spec.modes import DTYPE_CHOICES, KV_CACHE_CHOICES
 
@@ -74,6 +74,13 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         "--dtype",
         type=click.Choice(DTYPE_CHOICES),
         help="Precision: float16 (default), bfloat16, float32, auto, int8 (calibrated SmoothQuant W8A8), int8-wo (W8A16), fp8 (calibrated FP8 W8A8, SM 89+).",
+    ),
+    click.option(
+        "--target",
+        type=click.Choice(TARGETS),
+        help="What to build: engine (default: a TensorRT-LLM checkpoint for trtllm-build 0.20-1.2 "
+        "and an inflight_batcher_llm repository) or llmapi (a Hugging Face checkpoint for "
+        "TensorRT-LLM's PyTorch backend, trtllm-serve and vLLM, and a Triton llmapi repository).",
     ),
     click.option(
         "--kv-cache",
@@ -254,7 +261,7 @@ def apply(*groups: tuple[Callable[[F], F], ...]) -> Callable[[F], F]:
 
 #: CLI parameter name -> build-spec key ("section.key" for [limits] and [verify]).
 SPEC_KEYS: dict[str, str] = {
-    "model": "model", "revision": "revision", "dtype": "dtype", "tp": "tp", "pp": "pp", "out": "out",
+    "model": "model", "revision": "revision", "dtype": "dtype", "target": "target", "tp": "tp", "pp": "pp", "out": "out",
     "triton_root": "triton_root", "backend": "triton.backend", "target_gpu": "target_gpu", "allow_pickle": "allow_pickle",
     "require_engine": "require_engine", "max_batch_size": "limits.max_batch_size",
     "max_input_len": "limits.max_input_len", "max_seq_len": "limits.max_seq_len",

@@ -1,4 +1,5 @@
-"""convert: HF directory -> TensorRT-LLM checkpoint for this variant."""
+"""convert: HF directory -> this variant's checkpoint: TensorRT-LLM's (the engine target) or the
+Hugging Face one TensorRT-LLM's PyTorch backend loads (the llmapi target)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,19 @@ class ConvertStage:
         return ctx.layout.calibration(ctx.spec.calibrate.slug())
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
+        if ctx.spec.target == "llmapi":  # one Hugging Face checkpoint: tp and pp are serving's
+            return {"mode": ctx.spec.mode.to_json(), "target": "llmapi"}
         return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
-        from .model import convert_model  # torch: only when it runs
+        from .llmapi import convert_llmapi  # torch: only when it runs
+        from .model import convert_model
 
         mode = ctx.spec.mode
         calibration = self._calibration(ctx) if mode.needs_calibration else None
         recipe = recipe_dir(ctx) / "recipe.json" if searches(ctx) else None
+        if ctx.spec.target == "llmapi":
+            return convert_llmapi(mode, ctx.layout.hf, work, calibration=calibration, recipe=recipe)
         return convert_model(mode, ctx.layout.hf, work, tp=ctx.spec.tp, pp=ctx.spec.pp,
                              calibration=calibration, recipe=recipe,
                              remember=ctx.digests.remember)  # fmt: skip

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.errors import EngineError
+from ..core.errors import EngineError, SpecError
 from ..core.stage import BuildContext, StageSkipped
 from .build import build_command, build_engine, find_toolchain
 from .host import local_gpus
@@ -19,6 +19,18 @@ class EngineStage:
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm", "tensorrt")
     needs_verified_checkpoint: ClassVar[bool] = True
+
+    def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
+        """The engine target's: the llmapi target has no engine (its checkpoint is what the
+        PyTorch backend runs); asked for by name there, it is refused."""
+        if ctx.spec.target == "engine":
+            return True
+        if explicit:
+            raise SpecError(
+                "--target llmapi builds no engine: TensorRT-LLM's PyTorch backend runs its "
+                "checkpoint; run trt-builder package (or build), or use --target engine"
+            )
+        return False
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.engine

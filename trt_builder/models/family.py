@@ -55,6 +55,8 @@ class Family:
     - `int8_kv_cache`: the INT8 KV cache's calibrated balancing applies (its ranges are taken
       at the projections' outputs, so not with q/k norms after them).
     - `min_release`: the oldest TensorRT-LLM release whose TensorRT backend builds it.
+    - `no_llmapi`: why `--target llmapi` is not built for it (said to the user); None where
+      it is (TensorRT-LLM's PyTorch backend has a model for the family).
     - `decoder_layer`: a regex that matches the transformers module path of one decoder layer
       (calibration hooks the linears under it); `vision_tower`: module-path prefixes of a vision
       tower, which is neither converted nor calibrated.
@@ -70,6 +72,7 @@ class Family:
     smoothquant: bool = True
     int8_kv_cache: bool = True
     min_release: str | None = None
+    no_llmapi: str | None = None
     decoder_layer: str = r"(^|\.)layers\.\d+\."
     vision_tower: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())

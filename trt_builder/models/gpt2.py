@@ -107,5 +107,7 @@ GPT2 = register("GPT2LMHeadModel")(
         gated_mlp=False,  # fc -> gelu -> proj
         smoothquant=True,  # the smoothers of qkv and fc fold into the LayerNorms' weight and bias
         decoder_layer=r"(^|\.)h\.\d+\.",  # transformer.h.N
+        # tensorrt_llm/_torch/models has no modeling_gpt2 (main, read 2026-12)
+        no_llmapi="TensorRT-LLM's PyTorch backend has no GPT-2 model: use --target engine",
     )
 )

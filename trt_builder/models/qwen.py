@@ -111,6 +111,8 @@ QWEN2_5_VL = register("Qwen2_5_VLForConditionalGeneration")(
         tensors=qwen2_5_vl_tensors,
         ignored=("rotary_emb.inv_freq", "visual.", "model.visual."),
         vision_tower=("visual.", "model.visual."),
+        no_llmapi="the llmapi target keeps Qwen2.5-VL's vision tower, which is not written yet: "
+        "use --target engine (the language model alone)",
         notes=(
             "Qwen2.5-VL: only the language model is converted (as a Qwen2 decoder, text input); "
             "the vision tower is not, and TensorRT-LLM <= 1.2 has no engine for it",

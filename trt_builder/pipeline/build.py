@@ -26,7 +26,7 @@ from ..core.versions import tool_versions
 from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
-from ..models.registry import family_for, refuse_smoothquant
+from ..models.registry import family_for, refuse_llmapi, refuse_smoothquant
 from ..recipe.stage import RecipeStage
 from ..source.fetch import config_alone
 from ..source.files import read_hf_config
@@ -132,8 +132,11 @@ def refuse_unbuildable(hf_config: dict[str, Any], spec: BuildSpec) -> None:
     family = family_for(hf_config)
     if spec.tp * spec.pp > 1:
         check_mapping(family.config(hf_config), spec.tp, spec.pp)
+    architecture = str((hf_config.get("architectures") or ["?"])[0])
     if isinstance(spec.mode, SmoothQuant):
-        refuse_smoothquant(family, str((hf_config.get("architectures") or ["?"])[0]))
+        refuse_smoothquant(family, architecture)
+    if spec.target == "llmapi":
+        refuse_llmapi(family, architecture)
 
 
 def check_model_early(ctx: BuildContext) -> None:

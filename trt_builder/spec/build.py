@@ -13,7 +13,7 @@ from typing import Any
 from ..core.errors import SpecError
 from .gates import Gate, gate_for
 from .gpus import GPUS
-from .modes import DTYPE_CHOICES, QuantMode, mode_for
+from .modes import DTYPE_CHOICES, QuantMode, SmoothQuant, WeightOnlyInt8, mode_for
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,6 +21,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SPEC_VERSION = 1
+
+#: What a build makes (docs/llmapi.md): `engine`, a TensorRT-LLM checkpoint for trtllm-build
+#: (0.20-1.2) and an inflight_batcher_llm repository; `llmapi`, a Hugging Face checkpoint that
+#: TensorRT-LLM's PyTorch backend (`LLM(...)`, trtllm-serve) and vLLM load, and a Triton
+#: repository of the llmapi model.
+TARGETS = ("engine", "llmapi")
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,7 @@ class BuildSpec:
     model: str | None = None  # None: the embedded default model
     revision: str | None = None
     dtype: str = "float16"
+    target: str = "engine"
     tp: int = 1
     pp: int = 1
     limits: BuildLimits = field(default_factory=BuildLimits)
@@ -259,6 +266,11 @@ class BuildSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name} must be a positive integer, got {value!r}")
+        if self.target not in TARGETS:
+            raise SpecError(
+                f"target {self.target!r} is not one of {', '.join(TARGETS)}: use --target engine "
+                "(trtllm-build) or llmapi (TensorRT-LLM's PyTorch backend)"
+            )
         if self.target_gpu not in GPUS:
             raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
@@ -288,6 +300,8 @@ class BuildSpec:
             raise SpecError(
                 "--dtype fp8 with --kv-cache int8 is not built: use --kv-cache fp8 (or model)"
             )
+        if self.target == "llmapi":
+            _refuse_for_llmapi(mode, self.dtype, self.kv_cache)
         gemm = self.engine.gemm_plugin
         if gemm != "auto" and mode.dtype != "auto" and gemm != mode.dtype:
             raise SpecError(
@@ -309,7 +323,8 @@ class BuildSpec:
     @property
     def variant(self) -> str:
         """Directory name of this precision/parallelism variant, e.g. ``int8-wo-tp1-pp1``."""
-        return f"{self.mode.name}-tp{self.tp}-pp{self.pp}"
+        target = "" if self.target == "engine" else f"-{self.target}"
+        return f"{self.mode.name}{target}-tp{self.tp}-pp{self.pp}"
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -318,6 +333,35 @@ class BuildSpec:
         data["mode"] = self.mode.to_json()
         data["spec_version"] = SPEC_VERSION
         return data
+
+
+def _refuse_for_llmapi(mode: QuantMode, dtype: str, kv_cache: str) -> None:
+    """What TensorRT-LLM's PyTorch backend does not run (docs/llmapi.md): SmoothQuant (no W8A8
+    SmoothQuant linear method in tensorrt_llm/_torch/modules/linear.py) and the INT8 KV cache
+    (its KV cache dtypes are the model's, FP8 and NVFP4)."""
+    if isinstance(mode, SmoothQuant):
+        raise SpecError(
+            f"--dtype {dtype} (SmoothQuant) is not built for --target llmapi: TensorRT-LLM's "
+            "PyTorch backend has no SmoothQuant linear; use --dtype fp8 (SM 89+) or int8-wo, "
+            "or --target engine"
+        )
+    if mode.kv_int8:
+        raise SpecError(
+            "--kv-cache int8 is not built for --target llmapi: TensorRT-LLM's PyTorch backend "
+            "has no INT8 KV cache; use --kv-cache fp8 (SM 89+) or model, or --target engine"
+        )
+    if isinstance(mode, WeightOnlyInt8):
+        raise SpecError(
+            "--dtype int8-wo is not built for --target llmapi yet (TensorRT-LLM's PyTorch "
+            "backend runs W8A16, vLLM does not): use --dtype fp8 (SM 89+) or float16, or "
+            "--target engine"
+        )
+    if mode.kv_fp8 and mode.quant_algo is None:
+        raise SpecError(
+            f"--dtype {dtype} --kv-cache fp8 is not built for --target llmapi: TensorRT-LLM's "
+            "LLM API refuses a pre-quantized checkpoint without quant_algo; use --dtype fp8 "
+            "--kv-cache fp8, or serve the float checkpoint with kv_cache_config dtype fp8"
+        )
 
 
 _SECTIONS = {

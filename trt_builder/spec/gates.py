@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import InputError
 
@@ -88,16 +89,46 @@ def gate_for(
     )
 
 
+def hf_quantization(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The quantization a loader reads from a Hugging Face checkpoint (`config`: its
+    config.json): hf_quant_config.json (TensorRT-LLM's first choice), else config.json's
+    modelopt `quantization_config`, else none. Keys: quant_algo, kv_cache_quant_algo,
+    exclude_modules (docs/llmapi.md)."""
+    path = directory / "hf_quant_config.json"
+    if path.is_file():
+        try:
+            found = json.loads(path.read_text()).get("quantization") or {}
+        except (OSError, ValueError, AttributeError):
+            raise InputError(f"{path} is not a JSON table: rewrite it or reconvert") from None
+        return {k: found.get(k) for k in ("quant_algo", "kv_cache_quant_algo", "exclude_modules")}
+    found = config.get("quantization_config") or {}
+    if found and found.get("quant_method") != "modelopt":
+        raise InputError(
+            f"{directory}: quantization_config method {found.get('quant_method')!r} is not "
+            "read here (modelopt's unified format is): pass a checkpoint trt-builder wrote"
+        )
+    return {
+        "quant_algo": found.get("quant_algo"),
+        "kv_cache_quant_algo": "FP8" if found.get("kv_cache_scheme") else None,
+        "exclude_modules": found.get("ignore"),
+    }
+
+
 def checkpoint_mode(checkpoint: Path) -> str:
-    """The mode name of a TensorRT-LLM checkpoint directory: a DEFAULT_GATES key, with "-kv8"
-    for the INT8 KV cache and "-fp8kv" for the FP8 one."""
+    """The mode name of a checkpoint directory (TensorRT-LLM's, or the Hugging Face one of the
+    llmapi target): a DEFAULT_GATES key, with "-kv8" for the INT8 KV cache and "-fp8kv" for
+    the FP8 one."""
     try:
         config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
         raise InputError(
             f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
         ) from None
-    quant = config.get("quantization") or {}
+    if "architecture" not in config and "architectures" in config:  # a Hugging Face checkpoint
+        quant = hf_quantization(checkpoint, config)
+        dtype = config.get("dtype") or config.get("torch_dtype")
+    else:
+        quant, dtype = config.get("quantization") or {}, config.get("dtype")
     algo = quant.get("quant_algo")
     kv8 = {"INT8": "-kv8", "FP8": "-fp8kv"}.get(str(quant.get("kv_cache_quant_algo")), "")
     if algo == "FP8":
@@ -106,6 +137,6 @@ def checkpoint_mode(checkpoint: Path) -> str:
         return "int8-wo" + kv8
     if str(algo).startswith("W8A8_SQ_"):
         return ("int8" if "PER_TOKEN" in str(algo) else "int8-static") + kv8
-    if algo is None and config.get("dtype") in DEFAULT_GATES:
-        return str(config["dtype"]) + kv8
-    raise InputError(f"no verify gate for a {config.get('dtype')} / {algo} checkpoint yet")
+    if algo is None and dtype in DEFAULT_GATES:
+        return str(dtype) + kv8
+    raise InputError(f"no verify gate for a {dtype} / {algo} checkpoint yet")

@@ -88,6 +88,52 @@ def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
     return items
 
 
+#: The llmapi model (triton/llmapi.py) and its sampling inputs, by the ensemble's names.
+LLMAPI_MODEL = "tensorrt_llm"
+_LLMAPI_SAMPLING = {"temperature": "sampling_param_temperature", "top_p": "sampling_param_top_p",
+                    "top_k": "sampling_param_top_k", "seed": "sampling_param_seed"}  # fmt: skip
+
+
+def is_llmapi(client: Any) -> bool:
+    """Whether the deployment is an llmapi repository: no ensemble, and a tensorrt_llm model
+    that takes text (the llmapi template's text_input)."""
+    try:
+        if client.is_model_ready("ensemble"):
+            return False
+        metadata = client.get_model_metadata(LLMAPI_MODEL)
+    except Exception:  # tritonclient raises for a model it does not know
+        return False
+    inputs = metadata.inputs if hasattr(metadata, "inputs") else metadata.get("inputs", [])
+    names = {i.name if hasattr(i, "name") else i.get("name") for i in inputs}
+    return "text_input" in names
+
+
+def _llmapi_inputs(module: Any, request: Request, stream: bool) -> list[Any]:
+    """The llmapi model's inputs: 1-D (no batch dimension), the prompt alone in the answer."""
+    if request.prompt is None:
+        raise InputError(
+            "the llmapi model takes text_input only (no chat template on the server): give "
+            "--prompt with the chat already rendered"
+        )
+
+    def tensor(name: str, value: Any, dtype: str) -> Any:
+        array: np.ndarray = np.array([value], dtype=object if dtype == "BYTES" else _NUMPY[dtype])
+        item = module.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array)
+        return item
+
+    items = [
+        tensor("text_input", request.prompt.encode(), "BYTES"),
+        tensor("sampling_param_max_tokens", request.max_tokens, "INT32"),
+        tensor("sampling_param_exclude_input_from_output", True, "BOOL"),
+    ]
+    for name, value in request.sampling.items():
+        items.append(tensor(_LLMAPI_SAMPLING[name], value, _SAMPLING[name]))
+    if stream:
+        items.append(tensor("streaming", True, "BOOL"))
+    return items
+
+
 def _text(result: Any) -> str:
     out = result.as_numpy("text_output")
     if out is None:
@@ -96,15 +142,19 @@ def _text(result: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def generate(url: str, request: Request, *, model: str = "ensemble", timeout: float = 60.0) -> str:
-    """The ensemble's answer to one request (a non-decoupled repository)."""
+def generate(url: str, request: Request, *, model: str | None = None, timeout: float = 60.0) -> str:
+    """The answer to one request (a non-decoupled repository): from the ensemble, or from the
+    llmapi model of an llmapi repository (`model` None: whichever the server has)."""
     module, client, grpc = connect(url, timeout=timeout)
     outputs = [
         module.InferRequestedOutput("text_output", **({} if grpc else {"binary_data": False}))
     ]
+    llmapi = model == LLMAPI_MODEL if model is not None else is_llmapi(client)
+    model = model or (LLMAPI_MODEL if llmapi else "ensemble")
+    inputs = (_llmapi_inputs if llmapi else _inputs)(module, request, False)
     try:
         extra = {"client_timeout": timeout} if grpc else {}
-        result = client.infer(model, _inputs(module, request, False), outputs=outputs, **extra)
+        result = client.infer(model, inputs, outputs=outputs, **extra)
     except Exception as exc:  # InferenceServerException and transport errors
         raise TritonError(
             f"Triton refused or timed out on the request ({exc}); a streaming (decoupled) "
@@ -118,8 +168,11 @@ STREAM_MODEL = "tensorrt_llm_bls"
 
 
 def stream_model(client: Any) -> str:
-    """What a stream goes to when no model is named: tensorrt_llm_bls where the server serves
-    it (its pieces are whole characters), else the ensemble (each piece decoded alone)."""
+    """What a stream goes to when no model is named: the llmapi model of an llmapi repository;
+    tensorrt_llm_bls where the server serves it (its pieces are whole characters), else the
+    ensemble (each piece decoded alone)."""
+    if is_llmapi(client):
+        return LLMAPI_MODEL
     try:
         return STREAM_MODEL if client.is_model_ready(STREAM_MODEL) else "ensemble"
     except Exception:  # tritonclient raises for a model it does not know
@@ -137,9 +190,15 @@ def stream(
         )
     module, client, _ = connect(url, timeout=timeout)
     model = model or stream_model(client)
-    for result in stream_results(client, model, _inputs(module, request, True), timeout=timeout):
+    llmapi = model == LLMAPI_MODEL
+    inputs = (_llmapi_inputs if llmapi else _inputs)(module, request, True)
+    sent = ""
+    for result in stream_results(client, model, inputs, timeout=timeout):
         if result.as_numpy("text_output") is not None:
-            yield _text(result)
+            text = _text(result)
+            if llmapi:  # each response holds the whole text so far: yield what is new
+                text, sent = text[len(sent) :], text
+            yield text
 
 
 def stream_results(client: Any, model: str, inputs: list[Any], *, timeout: float) -> Iterator[Any]:

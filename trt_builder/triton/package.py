@@ -13,6 +13,7 @@ from ..core.errors import PackageError
 from ..core.stage import BuildContext, built_from, read_marker
 from ..engine.build import check_engine, planned_engine_config
 from ..source import files
+from .llmapi import CHECKPOINT, MODEL, LlmapiOptions
 from .repository import RepositoryOptions, options_from_engine
 
 #: Checkpoint fields an engine's config.json (pretrained_config) must agree on.
@@ -109,3 +110,26 @@ def repository_options(ctx: BuildContext, version: int, engine: Path | None) -> 
         kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
     )
     return replace(options, backend=kind)
+
+
+def llmapi_options(ctx: BuildContext, version: int) -> LlmapiOptions:
+    """The llmapi repository's options for published version `version`: the memory plan's
+    limits (as `LLM()` arguments), tp and pp, the [triton] table, and the checkpoint's path
+    where the serving host sees the repository. [triton] backend auto is the reference
+    backend: the repository for TensorRT-LLM's own llmapi model.py is not written yet."""
+    triton, limits = ctx.spec.triton, ctx.spec.limits
+    root = triton.serve_root or str(ctx.layout.triton_root.resolve())
+    if limits.max_batch_size is None or limits.max_num_tokens is None:
+        raise PackageError("internal: the llmapi repository needs the memory plan's limits")
+    return LlmapiOptions(
+        model_path=f"{root}/{ctx.layout.triton_name}/{MODEL}/{version}/{CHECKPOINT}",
+        max_batch_size=limits.max_batch_size,
+        max_num_tokens=limits.max_num_tokens,
+        max_seq_len=limits.max_seq_len,
+        version=version,
+        tp=ctx.spec.tp,
+        pp=ctx.spec.pp,
+        decoupled=triton.streaming,
+        kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
+        backend="reference" if triton.backend == "auto" else triton.backend,
+    )

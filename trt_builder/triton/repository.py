@@ -19,6 +19,8 @@ from ..core.errors import PackageError
 from ..core.fsio import link_or_copy, replace_symlink
 from ..source.portable import copy_portable
 from .conformance import common_tensors, required_parameters
+from .llmapi import MODEL as LLMAPI_MODEL
+from .llmapi import validate_llmapi
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -359,6 +361,12 @@ def _versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def is_llmapi(configs: dict[str, mc.ModelConfig]) -> bool:
+    """An llmapi repository: its tensorrt_llm model takes text (the template's text_input)."""
+    llm = configs.get(LLMAPI_MODEL)
+    return llm is not None and any(t.name == "text_input" for t in llm.input)
+
+
 def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     """Parse every config.pbtxt with Triton's schema; check each model's version directories,
     the python models' model.py, the engine the tensorrt_llm model points to (where it lies in
@@ -369,6 +377,8 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     configs = {p.parent.name: _load_config(p) for p in sorted(root.glob("*/config.pbtxt"))}
     if not configs:
         raise PackageError(f"{root} holds no model (no */config.pbtxt)")
+    if is_llmapi(configs):
+        return {LLMAPI_MODEL: validate_llmapi(root)}
     for name, config in configs.items():
         if config.name and config.name != name:
             raise PackageError(

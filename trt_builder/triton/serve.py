@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from ..core.errors import PackageError
-from .repository import BLS, INFO, validate_repository
+from .llmapi import MODEL as LLMAPI_MODEL
+from .repository import BLS, INFO, is_llmapi, validate_repository
 
 #: Seconds tritonserver gives in-flight requests after SIGTERM before it unloads the models
 #: (whose requests then end with an error): a bounded drain, not Triton's default 30 s.
@@ -36,13 +37,16 @@ def serve_command(
     `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
     the one the serving container sees (the spec's [triton] serve_root). Rank i's Python
     backend names its shared-memory regions `<shm_prefix><i>_...`."""
-    models = served_models(validate_repository(repository))
+    configs = validate_repository(repository)
+    models = (LLMAPI_MODEL,) if is_llmapi(configs) else served_models(configs)
     try:
         info = json.loads((repository / INFO).read_text())
         # the reference backend merges the ranks into one process; the engine needs one each
         world = 1 if info.get("backend") == "reference" else int(info["world_size"])
-        # as the serving container sees it (<root>/<name>/tensorrt_llm/<N>/engine), unless given
-        served = model_repository or Path(info["engine_path"]).parents[2]
+        # as the serving container sees it (<root>/<name>/tensorrt_llm/<N>/engine, or the
+        # llmapi checkpoint there), unless given
+        where = info["engine_path"] if "engine_path" in info else info["model_path"]
+        served = model_repository or Path(where).parents[2]
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         raise PackageError(
             f"{repository} has no readable {INFO}: repackage it with trt-builder package"

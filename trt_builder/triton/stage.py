@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
-from .package import backend, repository_options, shipped_engine, tokenizer_files
-from .repository import REFERENCE, next_version, publish, write_repository
+from .llmapi import MODEL, write_llmapi_repository
+from .llmapi import REFERENCE as LLMAPI_REFERENCE
+from .package import backend, llmapi_options, repository_options, shipped_engine, tokenizer_files
+from .repository import INFO, REFERENCE, next_version, publish, write_repository
 
 
 class PackageStage:
@@ -22,6 +24,8 @@ class PackageStage:
         return ctx.layout.triton
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        if ctx.spec.target == "llmapi":  # the checkpoint holds its tokenizer
+            return {"checkpoint": ctx.layout.checkpoint}
         found = {f"hf/{p.name}": p for p in tokenizer_files(ctx)}
         found["checkpoint/config.json"] = ctx.layout.checkpoint / "config.json"
         engine = shipped_engine(ctx)
@@ -33,9 +37,13 @@ class PackageStage:
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         # Version 0 stands for whichever version is published next: not part of the key.
+        if ctx.spec.target == "llmapi":
+            return {"llmapi": asdict(llmapi_options(ctx, 0))}
         return {"options": asdict(repository_options(ctx, 0, shipped_engine(ctx)))}
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        if ctx.spec.target == "llmapi":
+            return self._llmapi(ctx, work)
         engine = shipped_engine(ctx)
         version = next_version(ctx.layout.triton)
         options = repository_options(ctx, version, engine)
@@ -53,6 +61,19 @@ class PackageStage:
             "backend": options.backend,
             "engine_included": engine is not None and not reference,
             "note": note,
+        }
+
+    def _llmapi(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        options = llmapi_options(ctx, next_version(ctx.layout.triton))
+        write_llmapi_repository(work, options, ctx.layout.checkpoint, INFO)
+        return {
+            "models": [MODEL],
+            "version": options.version,
+            "backend": options.backend,
+            "target": "llmapi",
+            "engine_included": False,
+            "note": f"tensorrt_llm (llmapi) runs on the {LLMAPI_REFERENCE}: serve it anywhere "
+            "(trt-builder serve)",
         }
 
     def place(self, ctx: BuildContext, work: Path, link: Path) -> None:

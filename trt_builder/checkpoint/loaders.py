@@ -1,0 +1,144 @@
+"""What TensorRT-LLM's PyTorch backend and vLLM's modelopt loader read from the Hugging Face
+checkpoint of the llmapi target (checkpoint/unified.py), per release line, read from upstream
+source (2026-12; not run: neither installs here), and a check of a written checkpoint against
+it. docs/llmapi.md has the table with its evidence.
+
+TL is NVIDIA/TensorRT-LLM, read one stored file at a time (no copy at a release tag: each is
+dated by the version.py stored at the same commit, or by its content):
+- `tensorrt_llm/_torch/model_config.py` (1a0dc5f7, ~1.1; b35ac1b6 = 1.2.0rc2; 008e0af8, main):
+  hf_quant_config.json's `quantization` table is authoritative (a missing table is a KeyError);
+  `producer` is not read; keys quant_algo, kv_cache_quant_algo, group_size, exclude_modules.
+  Up to 1.2 a config.json `quantization_config` alone is not read as modelopt's (main reads
+  it, PR #14088).
+- `tensorrt_llm/llmapi/llm_utils.py` (1.x and main): a pre-quantized checkpoint "must have
+  quant_algo" (null refused), and every other key of the table is set on the QuantConfig.
+- `tensorrt_llm/_torch/modules/linear.py` FP8QDQLinearMethod (1.1/1.2 line; 00bbf71e main):
+  `weight` float8_e4m3fn [out, in], `weight_scale` required and `input_scale` optional, each
+  read with reshape([]) (shape [] or [1]); fused qkv and gate_up take the largest shard
+  scales and requantize each shard to them. The FP8 KV cache's scale is 1.0: k_scale and
+  v_scale reach qkv_proj but serve only the NVFP4 KV cache.
+vLLM, read in the 0.10.2, 0.11.0 and 0.34.0 wheels (`model_executor/layers/quantization/
+modelopt.py`, `model_loader/weight_utils.py`): config.json's `quantization_config` is read
+first (hf_quant_config.json only without it, and then only with producer name "modelopt");
+quant_algo FP8 (and NVFP4; 0.34 more; never W8A16); `weight_scale` and `input_scale` both
+needed (no dynamic fallback); `self_attn.{k,v}_proj.{k,v}_scale` remapped to the attention's
+k_scale / v_scale; FP8 needs compute capability 8.9 (0.10, 0.11; 8.0 in 0.34).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.sources import Source
+from .safetensors_io import read_header
+
+TL = "NVIDIA/TensorRT-LLM"
+_LINEAR = Source(TL, "tensorrt_llm/_torch/modules/linear.py", "1.1/1.2 line, 00bbf71e")
+_MODEL_CONFIG = Source(TL, "tensorrt_llm/_torch/model_config.py", "b35ac1b6 (1.2.0rc2)")
+_VLLM = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/modelopt.py",
+               "0.10.2, 0.11.0, 0.34.0 wheels")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoaderContract:
+    """What one loader release line reads from the checkpoint."""
+
+    loader: str
+    evidence: str  # "read" (a stored copy dated to it) | "inferred" (a neighbouring version)
+    reads_quant_from: str  # "hf_quant_config.json" | "config.json"
+    quant_algos: tuple[str, ...]  # quant_algo values it runs (None: unquantized, no file)
+    kv_scales: bool  # reads k_scale / v_scale for the FP8 KV cache
+    input_scale_required: bool
+    source: Source
+
+
+CONTRACTS: dict[str, LoaderContract] = {
+    "tensorrt-llm 1.0": LoaderContract("tensorrt-llm 1.0", "inferred", "hf_quant_config.json",
+                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG),
+    "tensorrt-llm 1.1": LoaderContract("tensorrt-llm 1.1", "read", "hf_quant_config.json",
+                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG),
+    "tensorrt-llm 1.2": LoaderContract("tensorrt-llm 1.2", "read", "hf_quant_config.json",
+                                       ("FP8", "W8A16"), False, False, _LINEAR),
+    "vllm 0.10-0.34": LoaderContract("vllm 0.10-0.34", "read", "config.json", ("FP8",), True,
+                                     True, _VLLM),
+}  # fmt: skip
+
+#: The linears each loader quantizes in a Llama-shaped layer (Hugging Face names).
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def _quantization(directory: Path, config: dict[str, Any], contract: LoaderContract) -> Any:
+    if contract.reads_quant_from == "hf_quant_config.json":
+        path = directory / "hf_quant_config.json"
+        return json.loads(path.read_text())["quantization"] if path.is_file() else None
+    found = config.get("quantization_config")
+    if found is None or found.get("quant_method") != "modelopt":
+        return None
+    return {"quant_algo": found.get("quant_algo"),
+            "kv_cache_quant_algo": "FP8" if found.get("kv_cache_scheme") else None}  # fmt: skip
+
+
+def check_unified(directory: Path, contract: LoaderContract) -> list[str]:
+    """Every way the Hugging Face checkpoint in `directory` differs from what `contract`'s
+    loader reads: one-line problems, empty when it conforms. Reads config.json, the
+    quantization file and the safetensors headers."""
+    config = json.loads((directory / "config.json").read_text())
+    problems = []
+    try:
+        quant = _quantization(directory, config, contract)
+    except (KeyError, ValueError, OSError) as exc:
+        return [f"{contract.reads_quant_from} is unreadable to {contract.loader}: {exc!r}"]
+    header: dict[str, Any] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        found, _ = read_header(path)
+        found.pop("__metadata__", None)
+        header.update(found)
+    fp8 = any(v["dtype"] == "F8_E4M3" for v in header.values())
+    if fp8 and quant is None:
+        return [
+            f"FP8 weights but no quantization {contract.loader} reads ({contract.reads_quant_from})"
+        ]
+    if quant is None:
+        return []
+    algo, kv = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+    if algo not in contract.quant_algos:
+        problems.append(
+            f"quant_algo {algo!r}: {contract.loader} runs {contract.quant_algos} ({contract.source})"
+        )
+    layers = sorted({int(n.split(".")[2]) for n in header if n.startswith("model.layers.")})
+    for i in layers if algo == "FP8" else []:
+        for linear in LINEARS:
+            base = f"model.layers.{i}.{linear}"
+            weight = header.get(f"{base}.weight")
+            if weight is None or weight["dtype"] != "F8_E4M3" or len(weight["shape"]) != 2:
+                problems.append(
+                    f"{base}.weight is not an F8_E4M3 [out, in] matrix ({contract.source})"
+                )
+            for name, required in (
+                ("weight_scale", True),
+                ("input_scale", contract.input_scale_required),
+            ):
+                got = header.get(f"{base}.{name}")
+                if got is None:
+                    if required:
+                        problems.append(f"{base}.{name} is missing ({contract.source})")
+                elif got["dtype"] != "F32" or got["shape"] not in ([], [1]):
+                    problems.append(
+                        f"{base}.{name} is {got['dtype']} {got['shape']}, not F32 [] ({contract.source})"
+                    )
+        if kv == "FP8" and contract.kv_scales:
+            for name in ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"):
+                got = header.get(f"model.layers.{i}.{name}")
+                if got is None or got["dtype"] != "F32" or got["shape"] not in ([], [1]):
+                    problems.append(
+                        f"model.layers.{i}.{name} is missing or not F32 [] ({contract.source})"
+                    )
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):
+        got = header.get(name)
+        if got is not None and got["dtype"] == "F8_E4M3":
+            problems.append(f"{name} is FP8: every loader keeps it in the model dtype")
+    return problems

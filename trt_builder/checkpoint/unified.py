@@ -1,0 +1,181 @@
+"""The Hugging Face checkpoint of `--target llmapi` (docs/llmapi.md): what TensorRT-LLM's PyTorch
+backend (`LLM(model=dir)`, trtllm-serve) and vLLM load, in modelopt's unified format where it is
+quantized, written from the TensorRT-LLM checkpoint convert makes (TP=1) by running the
+family's tensor rules backwards, and read back into one by the same rules. So verify, the
+checkpoint runtime and the reference backend run it as they run the engine target's, and the
+two targets hold the same quantized numbers.
+
+The format (docs/llmapi.md has the per-release table and its sources):
+- `model.safetensors`: the model's own tensor names; q, k, v and gate, up unfused. FP8:
+  `<module>.weight` float8_e4m3fn [out, in], `<module>.weight_scale` and `<module>.input_scale`
+  float32 scalars (shape []), dequantization scales; with the FP8 KV cache
+  `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale` (amax / 448, float32 []).
+- `hf_quant_config.json` (quantized only), the file TensorRT-LLM reads:
+  `{"producer": {...}, "quantization": {"quant_algo", "kv_cache_quant_algo", "exclude_modules"}}`;
+  `config.json` carries the same as `quantization_config` (`"quant_method": "modelopt"`), the
+  key vLLM and transformers read.
+
+q, k and v (and gate and up) are written with one weight scale, the larger, as the engine
+checkpoint holds them: both loaders fuse those GEMMs and requantize each shard to the largest
+scale of the group (TensorRT-LLM's FP8QDQLinearMethod, vLLM's requantize_with_max_scale), so a
+shared scale is what they compute, rounded once instead of twice (modelopt 0.47's
+export_hf_checkpoint writes each its own; docs/llmapi.md lists the differences).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from ..core.errors import InputError
+from ..models.family import TensorRule
+from ..models.registry import family_for
+from ..spec.gates import hf_quantization
+from .config import engine_config
+from .fp8 import E4M3, to_e4m3
+
+#: The weights file written; its quantization file.
+WEIGHTS = "model.safetensors"
+HF_QUANT = "hf_quant_config.json"
+#: The K and V cache scales, on the k and v projections (modelopt's names, vLLM remaps them).
+KV_SCALES = ("k_proj.k_scale", "v_proj.v_scale")
+
+
+def is_unified(directory: Path) -> bool:
+    """Whether `directory` holds a Hugging Face checkpoint (config.json with `architectures`)
+    rather than a TensorRT-LLM one (`architecture`)."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "architecture" not in config and "architectures" in config
+
+
+def _base(name: str) -> str:
+    return name.removesuffix(".weight")
+
+
+def hf_tensors(
+    tensors: dict[str, torch.Tensor], rules: list[TensorRule], kv_scales: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The Hugging Face tensors of a TP=1 TensorRT-LLM checkpoint's `tensors` (taken from the
+    dict as they are placed), by the family's `rules` for the source model; `kv_scales`: the
+    k_scale / v_scale tensors by Hugging Face name, for the FP8 KV cache."""
+    out: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        tensor = tensors.pop(rule.name)
+        parts = tensor.split(rule.rows()) if len(rule.sources) > 1 else [tensor]
+        scales = {}
+        if tensor.dtype == E4M3:
+            base = _base(rule.name)
+            scales = {
+                "weight_scale": tensors.pop(f"{base}.weights_scaling_factor").reshape(()),
+                "input_scale": tensors.pop(f"{base}.activation_scaling_factor").reshape(()),
+            }
+        for source, part in zip(rule.sources, parts, strict=True):
+            part = part.t() if rule.transpose else part
+            if source in out:  # the tied lm_head: the embedding, stored once
+                if not torch.equal(out[source], part):
+                    raise ValueError(f"internal: {rule.name} differs from {source}, stored once")
+                continue
+            out[source] = part.contiguous()
+            for suffix, scale in scales.items():
+                out[f"{_base(source)}.{suffix}"] = scale.clone()
+    for name in [n for n in tensors if n.endswith(".kv_cache_scaling_factor")]:
+        del tensors[name]  # the engine's: the Hugging Face checkpoint has k_scale and v_scale
+    if tensors:
+        raise ValueError(f"internal: no Hugging Face name for {sorted(tensors)[0]}")
+    return {**out, **kv_scales}
+
+
+def quantization(
+    quant_algo: str | None, kv_cache_quant_algo: str | None, exclude_modules: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(hf_quant_config.json, config.json's quantization_config) of a quantized checkpoint, as
+    modelopt 0.47's export_hf_checkpoint writes them for FP8; None for a float one. The
+    producer is trt-builder: TensorRT-LLM does not read it, and vLLM reads config.json's
+    quantization_config first (its hf_quant_config.json path alone asks for modelopt)."""
+    if quant_algo is None:  # TensorRT-LLM's LLM API refuses a pre-quantized one without it
+        return None
+    from .. import __version__
+
+    producer = {"name": "trt-builder", "version": __version__}
+    hf_quant = {
+        "producer": producer,
+        "quantization": {
+            "quant_algo": quant_algo,
+            "kv_cache_quant_algo": kv_cache_quant_algo,
+            "exclude_modules": exclude_modules,
+        },
+    }
+    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    config: dict[str, Any] = {}
+    if quant_algo == "FP8":
+        config["config_groups"] = {
+            "group_0": {"input_activations": fp8, "weights": fp8, "targets": ["Linear"]}
+        }
+    config.update(ignore=exclude_modules, quant_algo=quant_algo)
+    if kv_cache_quant_algo == "FP8":
+        config["kv_cache_scheme"] = fp8
+    config.update(producer=producer, quant_method="modelopt")
+    return hf_quant, config
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / n for n in names]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{directory} has no .safetensors weights: pass a checkpoint directory")
+    return files
+
+
+def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(TensorRT-LLM config, TP=1 tensors) of a Hugging Face checkpoint, as the PyTorch backend
+    would run it: fused q/k/v and gate/up whose shards have different weight scales are
+    requantized to the largest (TensorRT-LLM's FP8QDQLinearMethod), the fused input scale is
+    the largest, and the FP8 KV cache's scale is 1.0: TensorRT-LLM's PyTorch backend does not
+    read k_scale and v_scale (docs/llmapi.md)."""
+    hf_config = json.loads((directory / "config.json").read_text())
+    family = family_for(hf_config)
+    stored: dict[str, torch.Tensor] = {}
+    for path in _weight_files(directory):
+        with safe_open(str(path), framework="pt") as fh:
+            stored.update({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
+    quant = hf_quantization(directory, hf_config)
+    rules = list(family.tensors(hf_config, set(stored)))
+    tensors: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        try:
+            parts = [stored[s].t() if rule.transpose else stored[s] for s in rule.sources]
+        except KeyError as exc:
+            raise InputError(
+                f"{directory} lacks tensor {exc}: it is not a whole checkpoint"
+            ) from None
+        if parts[0].dtype == E4M3:
+            base = _base(rule.name)
+            scales = [stored[f"{_base(s)}.weight_scale"].float().reshape(1) for s in rule.sources]
+            inputs = [stored[f"{_base(s)}.input_scale"].float().reshape(1) for s in rule.sources]
+            shared = torch.stack(scales).amax(0)
+            if any(not torch.equal(s, shared) for s in scales):
+                parts = [to_e4m3(p.float() * s, shared) for p, s in zip(parts, scales, strict=True)]
+            tensors[f"{base}.weights_scaling_factor"] = shared
+            tensors[f"{base}.activation_scaling_factor"] = torch.stack(inputs).amax(0)
+        tensors[rule.name] = torch.cat(parts) if len(parts) > 1 else parts[0]
+    kv = quant.get("kv_cache_quant_algo")
+    if kv == "FP8":
+        for name in [r.name for r in rules if r.name.endswith(".attention.qkv.weight")]:
+            key = name.removesuffix("qkv.weight") + "kv_cache_scaling_factor"
+            tensors[key] = torch.ones(1, dtype=torch.float32)
+    dtype = str(tensors["transformer.vocab_embedding.weight"].dtype).removeprefix("torch.")
+    config = engine_config(
+        family, hf_config, dtype, quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=kv,
+        exclude_modules=quant.get("exclude_modules"),
+    )  # fmt: skip
+    return config, tensors

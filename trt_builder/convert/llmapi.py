@@ -1,0 +1,117 @@
+"""convert for `--target llmapi`: the mode's TensorRT-LLM checkpoint (TP=1, the converters of
+the engine target, the recipe's rounding included), written out as the Hugging Face checkpoint
+TensorRT-LLM's PyTorch backend and vLLM load (checkpoint/unified.py: the format; docs/llmapi.md:
+what each loader reads, per release).
+
+Beside the weights: config.json (the model's, with the checkpoint's dtype, the quantization
+as `quantization_config`, and the keys transformers 4.57 reads: source/portable.py),
+hf_quant_config.json for a quantized one, the tokenizer's files and generation_config.json
+(`LLM(model=dir)` loads the tokenizer from the same directory), and the recipe after a search.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..calibrate.stats import load_stats
+from ..checkpoint.loaders import CONTRACTS, check_unified
+from ..checkpoint.reader import read_checkpoint
+from ..checkpoint.unified import HF_QUANT, KV_SCALES, WEIGHTS, hf_tensors, quantization
+from ..core.errors import ConversionError
+from ..models.family import TensorRule
+from ..source.files import TOKENIZER_FILES, read_hf_config
+from ..source.portable import copy_portable, portable_config
+from ..spec.modes import QuantMode, SmoothQuant, WeightOnlyInt8
+from .kvcache import kv_amax, qkv_ranges
+from .model import convert_model
+from .plan import plan_conversion
+
+#: The engine-format checkpoint, inside the output while it is made (removed after).
+_ENGINE_FORMAT = ".trtllm-checkpoint"
+
+
+def kv_scales(
+    calibration: Path, rules: list[TensorRule], config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """The FP8 KV cache's k_scale and v_scale per layer, by modelopt's unified export (K's and
+    V's amax / 448, float32 scalars, not clamped), K's amax taken after RoPE
+    (convert/kvcache.py: kv_amax)."""
+    stats = load_stats(calibration)
+    out: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        if not rule.name.endswith(".attention.qkv.weight"):
+            continue
+        amax = kv_amax(qkv_ranges(stats, rule.sources), config)
+        for source, scale_name, a in zip(rule.sources[1:], KV_SCALES, amax, strict=True):
+            prefix = source.removesuffix(".weight").rsplit(".", 1)[0]  # ...self_attn
+            out[f"{prefix}.{scale_name}"] = (a / torch.full_like(a, 448.0)).reshape(())
+    return out
+
+
+def convert_llmapi(
+    mode: QuantMode,
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    calibration: Path | None,
+    recipe: Path | None,
+) -> dict[str, Any]:
+    """Write the Hugging Face checkpoint of `mode` into `out_dir` (empty), from the engine
+    target's checkpoint (convert/model.py convert_model) at TP=1."""
+    if isinstance(mode, WeightOnlyInt8 | SmoothQuant) or (
+        mode.kv_cache != "model" and mode.quant_algo is None
+    ):
+        raise ConversionError(  # BuildSpec refuses these first; this is for the library's callers
+            f"{mode.name} is not written for --target llmapi: use --dtype fp8 or float16"
+        )
+    engine_dir = out_dir / _ENGINE_FORMAT
+    engine_dir.mkdir()
+    summary = convert_model(mode, hf_dir, engine_dir, tp=1, pp=1, calibration=calibration,
+                            recipe=recipe)  # fmt: skip
+    config, tensors = read_checkpoint(engine_dir)
+    family, _, rules, index, _ = plan_conversion(hf_dir, mode)
+    index.close()
+    quant = config["quantization"]
+    extra = {}
+    if quant.get("kv_cache_quant_algo") == "FP8":
+        assert calibration is not None  # the FP8 KV cache always calibrates
+        extra = kv_scales(calibration, rules, config)
+    save_file(hf_tensors(tensors, rules, extra), str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    hf_config = portable_config(read_hf_config(hf_dir))
+    hf_config["dtype"] = hf_config["torch_dtype"] = config["dtype"]
+    hf_config.pop("quantization_config", None)
+    embedding = next(r for r in rules if r.name == "transformer.vocab_embedding.weight")
+    excluded = ["lm_head", embedding.sources[0].removesuffix(".weight")]
+    files = quantization(quant["quant_algo"], quant["kv_cache_quant_algo"], excluded)
+    if files is not None:
+        hf_quant, hf_config["quantization_config"] = files
+        (out_dir / HF_QUANT).write_text(json.dumps(hf_quant, indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            copy_portable(hf_dir / name, out_dir / name)
+    if (engine_dir / "recipe.json").is_file():
+        shutil.copy2(engine_dir / "recipe.json", out_dir / "recipe.json")
+    shutil.rmtree(engine_dir)
+    for contract in CONTRACTS.values():  # a converter bug, caught before anyone loads it
+        problems = check_unified(out_dir, contract)
+        if problems:
+            raise ConversionError(
+                f"the llmapi checkpoint does not conform to {contract.loader}: {problems[0]} "
+                f"({len(problems)} problems)"
+            )
+    summary.update(
+        format="huggingface",
+        target="llmapi",
+        files=sorted(p.name for p in out_dir.iterdir()),
+        tp=1,
+        pp=1,
+        family=family.name,
+    )
+    return summary

@@ -1,0 +1,210 @@
+"""The Triton repository of `--target llmapi`: one Python model, `tensorrt_llm`, in the layout of
+TensorRT-LLM's `triton_backend/all_models/llmapi/` template (docs/llmapi.md): `config.pbtxt`,
+`1/model.py`, `1/model.yaml` (its keys are `LLM()` arguments, and `triton_config`), and the
+Hugging Face checkpoint it names (`1/checkpoint/`). Text in, text out: no tokenizer models, no
+ensemble.
+
+The configs are written complete (upstream's launch_triton_server.py starts tritonserver with
+--disable-auto-complete-config, so config.pbtxt cannot rely on model.py's auto-completion):
+no max_batch_size (upstream's model.py takes one prompt per request, batching in flight), the
+transaction policy in both files, agreeing. model.py here is trt-builder's reference backend
+(python_models/llmapi.py): where TensorRT-LLM is not installed it answers the template's
+contract with the checkpoint runtime, and says it is a PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..core.errors import PackageError
+from ..core.fsio import link_or_copy
+
+#: (name, data type, dims, optional): the template's tensors as TensorRT-LLM 1.2.1 ships them
+#: (triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt@c8c6df08; issue
+#: triton-inference-server/server#8945 lists the same inputs for v1.2.1). main added lora_* and
+#: image_url inputs after 1.2.1 (PRs #14079, #18381), not written here.
+LLMAPI_IN: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
+    ("text_input", "TYPE_STRING", (-1,), False),
+    ("streaming", "TYPE_BOOL", (1,), True),
+    ("sampling_param_best_of", "TYPE_INT32", (1,), True),
+    ("sampling_param_temperature", "TYPE_FP32", (1,), True),
+    ("sampling_param_top_k", "TYPE_INT32", (1,), True),
+    ("sampling_param_top_p", "TYPE_FP32", (1,), True),
+    ("sampling_param_frequency_penalty", "TYPE_FP32", (1,), True),
+    ("sampling_param_presence_penalty", "TYPE_FP32", (1,), True),
+    ("sampling_param_max_tokens", "TYPE_INT32", (1,), True),
+    ("sampling_param_stop", "TYPE_STRING", (-1,), True),
+    ("sampling_param_seed", "TYPE_UINT64", (1,), True),
+    ("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,), True),
+    ("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,), True),
+    ("return_finish_reason", "TYPE_BOOL", (1,), True),
+    ("return_stop_reason", "TYPE_BOOL", (1,), True),
+    ("return_cumulative_logprob", "TYPE_BOOL", (1,), True),
+    ("stop", "TYPE_BOOL", (1,), True),
+)
+LLMAPI_OUT: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("text_output", "TYPE_STRING", (-1,)),
+    ("finish_reason", "TYPE_STRING", (-1,)),
+    ("stop_reason", "TYPE_STRING", (-1,)),
+    ("cumulative_logprob", "TYPE_FP32", (-1,)),
+    ("kv_cache_reused_block", "TYPE_INT32", (-1,)),
+    ("kv_cache_missed_block", "TYPE_INT32", (-1,)),
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", (-1,)),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32", (-1,)),
+    ("kv_cache_hit_rate", "TYPE_FP32", (-1,)),
+    ("arrival_time_ns", "TYPE_INT64", (1,)),
+    ("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    ("first_token_time_ns", "TYPE_INT64", (1,)),
+    ("last_token_time_ns", "TYPE_INT64", (1,)),
+    ("acceptance_rate", "TYPE_FP32", (1,)),
+    ("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    ("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+#: model.yaml's keys: the template's (model, backend, tensor_parallel_size,
+#: pipeline_parallel_size, triton_config) and the `LLM()` arguments the memory plan sets.
+YAML_KEYS = ("model", "backend", "tensor_parallel_size", "pipeline_parallel_size",
+             "max_batch_size", "max_num_tokens", "max_seq_len", "kv_cache_config",
+             "triton_config")  # fmt: skip
+MODEL = "tensorrt_llm"
+#: What the reference backend says it is, in its config and wherever it is named.
+REFERENCE = "trt-builder reference backend (llmapi contract): a PyTorch reference, not TensorRT-LLM"
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class LlmapiOptions:
+    """What the llmapi repository depends on: the memory plan's limits, parallelism, the
+    [triton] table, and where the serving host sees the checkpoint."""
+
+    model_path: str  # the checkpoint as the serving host sees it (model.yaml `model`)
+    max_batch_size: int
+    max_num_tokens: int
+    max_seq_len: int
+    version: int = 1
+    tp: int = 1
+    pp: int = 1
+    decoupled: bool = False
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    backend: str = "reference"
+
+
+def llmapi_config(opts: LlmapiOptions) -> mc.ModelConfig:
+    """tensorrt_llm's config.pbtxt: the template's, with the transaction policy set here (the
+    launcher skips auto-completion) and the reference backend's parameters."""
+    config = mc.ModelConfig(
+        name=MODEL,
+        backend="python",
+        instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=opts.decoupled),
+    )
+    for name, dtype, dims, optional in LLMAPI_IN:
+        config.input.append(mc.ModelInput(name=name, data_type=mc.DataType.Value(dtype),
+                                          dims=list(dims), optional=optional))  # fmt: skip
+    for name, dtype, dims in LLMAPI_OUT:
+        config.output.append(
+            mc.ModelOutput(name=name, data_type=mc.DataType.Value(dtype), dims=list(dims))
+        )
+    if opts.backend == "reference":
+        for key, value in {"implementation": REFERENCE, "device": "auto"}.items():
+            config.parameters[key].string_value = value
+    return config
+
+
+def model_yaml(opts: LlmapiOptions) -> dict[str, Any]:
+    """model.yaml: `LLM()` arguments, and the template's triton_config."""
+    return {
+        "model": opts.model_path,
+        "backend": "pytorch",
+        "tensor_parallel_size": opts.tp,
+        "pipeline_parallel_size": opts.pp,
+        "max_batch_size": opts.max_batch_size,
+        "max_num_tokens": opts.max_num_tokens,
+        "max_seq_len": opts.max_seq_len,
+        "kv_cache_config": {"free_gpu_memory_fraction": opts.kv_cache_free_gpu_mem_fraction},
+        "triton_config": {"max_batch_size": 0, "decoupled": opts.decoupled},
+    }
+
+
+def write_llmapi_repository(work: Path, opts: LlmapiOptions, checkpoint: Path, info: str) -> None:
+    """Write the repository into `work` (the caller publishes it): the model at version
+    `opts.version`, the checkpoint beside model.py (hard links where it can), the INFO file
+    (`info`: its name), then validate it."""
+    if opts.backend != "reference":
+        raise PackageError(
+            "the llmapi repository's model.py is trt-builder's reference backend; a repository "
+            "for TensorRT-LLM's own llmapi model.py is not written yet: package with "
+            "--backend reference (or auto)"
+        )
+    version = work / MODEL / str(opts.version)
+    version.mkdir(parents=True)
+    (work / MODEL / "config.pbtxt").write_text(text_format.MessageToString(llmapi_config(opts)))
+    models = resources.files("trt_builder.triton") / "python_models"
+    (version / "model.py").write_text((models / "llmapi.py").read_text())
+    (version / "model.yaml").write_text(yaml.safe_dump(model_yaml(opts), sort_keys=False))
+    for path in sorted(checkpoint.iterdir()):
+        if path.is_file() and path.name != "stage.json":
+            link_or_copy(path, version / CHECKPOINT / path.name)
+    data = {**asdict(opts), "target": "llmapi", "engine_included": False}
+    (work / info).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    validate_llmapi(work)
+
+
+def validate_llmapi(root: Path) -> mc.ModelConfig:
+    """The llmapi repository against the template's contract: config.pbtxt parses with Triton's
+    schema and declares the template's tensors; model.yaml holds only known keys and agrees
+    with it on the transaction policy; no batch dimension (model.py takes 1-D text_input);
+    the checkpoint it names is whole where it lies in this repository."""
+    path = root / MODEL / "config.pbtxt"
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(path.read_text(), config)
+    except (OSError, text_format.ParseError) as exc:
+        raise PackageError(
+            f"{MODEL}/config.pbtxt does not parse as Triton's ModelConfig: {exc}"
+        ) from None
+    if config.backend != "python" or config.max_batch_size != 0:
+        raise PackageError(
+            f"{MODEL}: the llmapi model is a python model without max_batch_size (one prompt a "
+            "request): repackage it"
+        )
+    have = {t.name: (mc.DataType.Name(t.data_type), tuple(t.dims)) for t in config.input}
+    for name, dtype, dims, _ in LLMAPI_IN:
+        if have.get(name) != (dtype, dims):
+            raise PackageError(
+                f"{MODEL}: input {name} is {have.get(name)}, the template's is {(dtype, dims)}"
+            )
+    versions = sorted(int(p.name) for p in (root / MODEL).iterdir() if p.name.isdigit())
+    if not versions:
+        raise PackageError(f"model {MODEL}: no version directory (e.g. {MODEL}/1/)")
+    latest = root / MODEL / str(versions[-1])
+    for name in ("model.py", "model.yaml"):
+        if not (latest / name).is_file():
+            raise PackageError(f"model {MODEL}: {latest.name}/{name} is missing: repackage it")
+    try:
+        found = yaml.safe_load((latest / "model.yaml").read_text())
+    except yaml.YAMLError as exc:
+        raise PackageError(f"{MODEL}/{latest.name}/model.yaml is not YAML: {exc}") from None
+    unknown = sorted(set(found or {}) - set(YAML_KEYS))
+    if not isinstance(found, dict) or unknown or "model" not in found:
+        raise PackageError(f"{MODEL}/{latest.name}/model.yaml: unknown keys {unknown} or no model")
+    decoupled = bool((found.get("triton_config") or {}).get("decoupled"))
+    if decoupled != config.model_transaction_policy.decoupled:
+        raise PackageError(
+            f"{MODEL}: model.yaml says decoupled {decoupled}, config.pbtxt "
+            f"{config.model_transaction_policy.decoupled}: they must agree (model.py checks one, "
+            "Triton the other)"
+        )
+    where = latest / CHECKPOINT
+    if where.is_dir() and not all(
+        (where / n).is_file() for n in ("config.json", "model.safetensors")
+    ):
+        raise PackageError(f"model {MODEL}: {where} lacks config.json or model.safetensors")
+    return config
