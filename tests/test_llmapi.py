@@ -366,6 +366,15 @@ def test_the_build_writes_the_checkpoint_and_the_llmapi_repository(served: dict[
     assert settings["backend"] == "pytorch" and settings["triton_config"] == {
         "max_batch_size": 0, "decoupled": False}  # fmt: skip
     assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "hf_quant_config.json").is_file()
+    # trtllm-serve, outside Triton: its options file beside the checkpoint, and the command
+    serve = yaml.safe_load((repo / "tensorrt_llm" / "1" / "trtllm-serve.yaml").read_text())
+    assert serve == {k: settings[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len",
+                                              "kv_cache_config")}  # fmt: skip
+    package = next(r for r in build.records if r.name == "package")
+    assert package.details["command"].split() == [
+        "trtllm-serve", settings["model"], "--backend", "pytorch", "--host", "0.0.0.0",
+        "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--extra_llm_api_options",
+        settings["model"].removesuffix("/checkpoint") + "/trtllm-serve.yaml"]  # fmt: skip
 
 
 def test_the_reference_backend_answers_what_the_checkpoint_runtime_answers(
@@ -411,3 +420,32 @@ def _input(module: Any, name: str, value: np.ndarray, dtype: str) -> Any:
     item = module.InferInput(name, list(value.shape), dtype)
     item.set_data_from_numpy(value)
     return item
+
+
+def test_package_check_refuses_an_llmapi_repository_that_would_not_load(
+    served: dict[str, Any], tmp_path: Path
+) -> None:
+    """package --check validates the llmapi layout: model.yaml and config.pbtxt must agree on
+    the transaction policy (model.py reads one, Triton the other); no batch dimension; only
+    known model.yaml keys."""
+    import shutil
+
+    from trt_builder.cli.main import main
+
+    repo = tmp_path / "repo"
+    shutil.copytree(served["build"].layout.triton.resolve(), repo)
+    assert main(["package", "--check", str(repo)]) == 0
+    cases = [
+        ("tensorrt_llm/1/model.yaml", "decoupled: false", "decoupled: true", "must agree"),
+        ("tensorrt_llm/config.pbtxt", 'backend: "python"', 'backend: "python"\nmax_batch_size: 8',
+         "without max_batch_size"),
+        ("tensorrt_llm/1/model.yaml", "backend: pytorch", "backend: pytorch\nspeculative: 1",
+         "unknown keys"),
+    ]  # fmt: skip
+    for path, old, new, words in cases:
+        text = (repo / path).read_text()
+        assert old in text
+        (repo / path).write_text(text.replace(old, new, 1))
+        proc = _cli("package", "--check", str(repo))
+        assert proc.returncode == 8 and words in proc.stderr, (path, proc.stderr)
+        (repo / path).write_text(text)

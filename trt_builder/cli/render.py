@@ -114,6 +114,10 @@ def summary(console: Console, result: BuildResult) -> None:
             "[yellow]engine skipped:[/] TensorRT-LLM is not installed here. On a GPU host with TensorRT-LLM (e.g. the NGC container) run:"
         )
         console.print(engine.details["command"], markup=False, highlight=False, soft_wrap=True)
+    package = next((r for r in result.records if r.name == "package"), None)
+    if package and "command" in package.details:  # the llmapi target, outside Triton
+        console.print("[green]trtllm-serve:[/] to serve the checkpoint outside Triton, run:")
+        console.print(package.details["command"], markup=False, highlight=False, soft_wrap=True)
     if result.engine_plan is not None:
         console.print("engine command:", result.engine_plan["command"], markup=False,
                       highlight=False, soft_wrap=True)  # fmt: skip

@@ -133,6 +133,33 @@ def model_yaml(opts: LlmapiOptions) -> dict[str, Any]:
     }
 
 
+#: The trtllm-serve options file written beside the checkpoint.
+SERVE_OPTIONS = "trtllm-serve.yaml"
+
+
+def serve_options(opts: LlmapiOptions) -> dict[str, Any]:
+    """`trtllm-serve --extra_llm_api_options`'s YAML: the memory plan's limits and the KV
+    cache's share, all in the file. Which wins where a flag and the file set the same key
+    changed across releases (1.0-1.1: the file, and its kv_cache_config replaced the flag's
+    whole; main since mid-2026: the flag), so the command sets none of them (docs/llmapi.md)."""
+    return {
+        "max_batch_size": opts.max_batch_size,
+        "max_num_tokens": opts.max_num_tokens,
+        "max_seq_len": opts.max_seq_len,
+        "kv_cache_config": {"free_gpu_memory_fraction": opts.kv_cache_free_gpu_mem_fraction},
+    }
+
+
+def trtllm_serve_command(opts: LlmapiOptions, port: int = 8000) -> list[str]:
+    """trtllm-serve's argv for the checkpoint, outside Triton: flags every release from 1.0 to
+    main takes (`--extra_llm_api_options`, not 1.2's `--config` alias; the short parallelism
+    names), on all interfaces (its default host is localhost)."""
+    where = opts.model_path.rsplit("/", 1)[0]
+    return ["trtllm-serve", opts.model_path, "--backend", "pytorch", "--host", "0.0.0.0",
+            "--port", str(port), "--tp_size", str(opts.tp), "--pp_size", str(opts.pp),
+            "--extra_llm_api_options", f"{where}/{SERVE_OPTIONS}"]  # fmt: skip
+
+
 def write_llmapi_repository(work: Path, opts: LlmapiOptions, checkpoint: Path, info: str) -> None:
     """Write the repository into `work` (the caller publishes it): the model at version
     `opts.version`, the checkpoint beside model.py (hard links where it can), the INFO file
@@ -149,6 +176,7 @@ def write_llmapi_repository(work: Path, opts: LlmapiOptions, checkpoint: Path, i
     models = resources.files("trt_builder.triton") / "python_models"
     (version / "model.py").write_text((models / "llmapi.py").read_text())
     (version / "model.yaml").write_text(yaml.safe_dump(model_yaml(opts), sort_keys=False))
+    (version / SERVE_OPTIONS).write_text(yaml.safe_dump(serve_options(opts), sort_keys=False))
     for path in sorted(checkpoint.iterdir()):
         if path.is_file() and path.name != "stage.json":
             link_or_copy(path, version / CHECKPOINT / path.name)

@@ -3,12 +3,13 @@ published as a new version (what it ships: package.py)."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
-from .llmapi import MODEL, write_llmapi_repository
+from .llmapi import MODEL, trtllm_serve_command, write_llmapi_repository
 from .llmapi import REFERENCE as LLMAPI_REFERENCE
 from .package import backend, llmapi_options, repository_options, shipped_engine, tokenizer_files
 from .repository import INFO, REFERENCE, next_version, publish, write_repository
@@ -67,6 +68,7 @@ class PackageStage:
         options = llmapi_options(ctx, next_version(ctx.layout.triton))
         write_llmapi_repository(work, options, ctx.layout.checkpoint, INFO)
         return {
+            "command": shlex.join(trtllm_serve_command(options)),
             "models": [MODEL],
             "version": options.version,
             "backend": options.backend,
