@@ -471,6 +471,10 @@ def test_sq_alpha_auto_is_the_default_it_is_documented_as(
         == 0
     )
     capsys.readouterr()
+    for target, words in (("engine", "trtllm-build"), ("llmapi", "LLM() arguments")):
+        assert main(["plan", "--model", str(tiny_llama), "--target", target, "--json"]) == 0
+        planned = json.loads(capsys.readouterr().out)
+        assert planned["target"] == target and words in planned["makes"]
     for bad, message in (("1.5", "1.5 is not between 0 and 1"), ("half", "neither 'auto' nor")):
         assert main(["plan", "--model", str(tiny_llama), "--dtype", "int8", "--sq-alpha", bad]) == 2
         assert message in capsys.readouterr().err

@@ -122,6 +122,11 @@ model = "org/m"
         # ... and FP8 below SM 89
         (BASE.replace('"float16"', '"fp8"\n  kv_cache = "fp8"\n  target_gpu = "A100-80GB"'),
          "models[0].variants[0]: --target-gpu A100-80GB is SM 80, which has no FP8"),
+        # the llmapi target: SmoothQuant refused before any work; no bench on it yet
+        (BASE.replace('"float16"', '"int8"\n  target = "llmapi"'),
+         "models[0].variants[0]: --dtype int8 (SmoothQuant) is not built for --target llmapi"),
+        (BASE.replace('"float16"', '"fp8"\n  target = "llmapi"\n  [models.variants.bench]\n'
+                      '  concurrency = [1]'), "bench on an llmapi repository is not written yet"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_is_refused_with_its_place_and_the_fix(
@@ -188,6 +193,16 @@ def test_matrix_schema_rejects_what_github_would(tmp_path: Path) -> None:
     fleet = load_fleet(_write(tmp_path, many))
     with pytest.raises(SpecError, match="exceed GitHub's 256 jobs"):
         fleet.matrix(fleet.entries)
+
+
+def test_one_entry_builds_both_targets(tmp_path: Path) -> None:
+    """A model's variants may build the engine target and the llmapi target of one mode: two
+    entries, two variant directories."""
+    fleet = load_fleet(_write(tmp_path, BASE.replace('"float16"', '"fp8"') +
+                              '  [[models.variants]]\n  dtype = "fp8"\n  target = "llmapi"\n'))  # fmt: skip
+    specs = [entry.spec(None) for entry in fleet.entries]
+    assert [(s.target, s.variant) for s in specs] == [
+        ("engine", "fp8-tp1-pp1"), ("llmapi", "fp8-llmapi-tp1-pp1")]  # fmt: skip
 
 
 def test_the_example_fleet_loads() -> None:

@@ -280,17 +280,21 @@ def plan_command(**kwargs: Any) -> None:
     """
     from ..engine.memplan import GIB, proposed_batch
     from ..pipeline.plan import plan_memory
+    from ..spec.build import TARGET_MAKES
 
     as_json = kwargs["as_json"]
     spec = _spec_from(dict(kwargs))
     memory = plan_memory(spec)
     source = {True: "from the plan", False: "given"}
+    makes = f"{spec.target}: {TARGET_MAKES[spec.target]}"
     if as_json:
-        data = {"ok": True, **memory.to_json()}
+        data = {"ok": True, "target": spec.target, "makes": TARGET_MAKES[spec.target],
+                **memory.to_json()}  # fmt: skip
         click.echo(json.dumps(data, indent=2))
         return
     lim = memory.limits
     rows = [
+        ("builds", makes),
         ("target", f"{memory.gpu} ({memory.gpu_bytes / GIB:g} GiB), tp={memory.tp} pp={memory.pp}"),
         ("weights per rank", f"{memory.weight_bytes / GIB:.2f} GiB ({memory.weight_dtype} linears)"),
         ("activations (estimate)", f"{memory.activation_bytes / GIB:.2f} GiB for {lim.max_num_tokens} tokens"),
@@ -736,6 +740,9 @@ def doctor_command(out: Path, as_json: bool) -> None:
     for mode, can in report["modes"].items():
         for what in ("build", "engine", "serve"):
             click.echo(f"{mode + ' ' + what:<24} {can[what]}")
+    for target, can in report["targets"].items():
+        click.echo(f"{'--target ' + target:<24} {can['makes']}")
+        click.echo(f"{'  runs here':<24} {can['here']}")
 
 
 @cli.command("models")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.doctor import inspect as inspect_engine
+from ..spec.build import TARGET_MAKES
 from ..triton.server import NGC, Binary, find_tritonserver
 
 
@@ -39,4 +40,27 @@ def inspect(out: Path) -> dict[str, Any]:
         mode: {"build": building(engine), "engine": engine, "serve": serving(engine, binary)}
         for mode, engine in report["engine"].items()
     }
+    report["targets"] = {
+        "engine": {"makes": TARGET_MAKES["engine"], "here": "the modes above"},
+        "llmapi": {"makes": TARGET_MAKES["llmapi"], "here": llmapi_here(report, binary)},
+    }
     return report
+
+
+def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
+    """What `--target llmapi` does on this host: it builds wherever torch runs (float dtypes
+    and fp8; not SmoothQuant or the INT8 KV cache); its repository is served on the reference
+    backend by any tritonserver with the Python backend; TensorRT-LLM's own LLM() is not
+    packaged yet (docs/llmapi.md)."""
+    serve = (
+        "served on the reference backend (llmapi contract)"
+        if binary
+        else "not served: no tritonserver"
+    )
+    version = str(report.get("tensorrt_llm") or "")
+    installed = (
+        f"; TensorRT-LLM {version} here runs its checkpoint (LLM(), trtllm-serve)"
+        if version[:1].isdigit() and not version.startswith("0.")
+        else ""
+    )
+    return f"yes: builds (float dtypes, fp8), {serve}{installed}"

@@ -27,6 +27,14 @@ SPEC_VERSION = 1
 #: TensorRT-LLM's PyTorch backend (`LLM(...)`, trtllm-serve) and vLLM load, and a Triton
 #: repository of the llmapi model.
 TARGETS = ("engine", "llmapi")
+#: What each target makes, as plan and doctor say it.
+TARGET_MAKES = {
+    "engine": "a TensorRT-LLM checkpoint, trtllm-build's engine (0.20-1.2) and an "
+    "inflight_batcher_llm Triton repository; the limits are trtllm-build's",
+    "llmapi": "a Hugging Face checkpoint for TensorRT-LLM's PyTorch backend (LLM(), "
+    "trtllm-serve) and vLLM, and a Triton llmapi repository; no engine; the limits are LLM() "
+    "arguments (model.yaml, trtllm-serve.yaml)",
+}
 
 
 @dataclass(frozen=True)
