@@ -84,5 +84,5 @@ def test_this_machine_without_tensorrt_llm(tmp_path: Path) -> None:
             assert can["serve"].startswith("yes: the checkpoint, on the reference backend"), mode
     llmapi = report["targets"]["llmapi"]
     assert "Hugging Face checkpoint" in llmapi["makes"] and "no engine" in llmapi["makes"]
-    assert llmapi["here"].startswith("yes: builds (float dtypes, fp8)")
+    assert llmapi["here"].startswith("yes: builds (float dtypes, int8-wo, fp8)")
     assert "runs its checkpoint" not in llmapi["here"]  # no TensorRT-LLM here

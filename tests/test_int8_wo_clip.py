@@ -13,12 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trt_builder.calibrate.corpus import load_texts, make_samples
 from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
+from trt_builder.checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from trt_builder.convert import floats
 from trt_builder.convert.clipping import CLIPPED_LINEARS, GRID
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.convert.plan import plan_conversion
 from trt_builder.convert.write import load_sources
-from trt_builder.runtimes.checkpoint import WEIGHT_ONLY_LINEARS, weight_only_int8
+from trt_builder.runtimes.checkpoint import weight_only_int8
 from trt_builder.spec.build import CalibrationOptions
 from trt_builder.spec.modes import WeightOnlyInt8
 

@@ -268,11 +268,67 @@ def test_against_modelopt_export_hf_checkpoint_given_its_amax(
         assert check_unified(tmp_path / "modelopt", contract) == [], contract.loader
 
 
+def test_int8_wo_is_what_the_pytorch_backend_reads_and_what_the_runtime_runs(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """int8-wo (W8A16), TensorRT-LLM's PyTorch backend only: per linear an int8 [out, in]
+    weight and a scale per output row, as modelopt 0.47's export_hf_checkpoint writes after
+    INT8_WEIGHT_ONLY_CFG (same names, dtypes and shapes; tested below against its output).
+    The difference: our scale is amax / 127 rounded to the model dtype before the weights are
+    rounded against it (the loader casts it to the model dtype: modelopt's weights are rounded
+    against a float32 scale the GEMM does not use), so each INT8 value is the nearest to the
+    weight at the scale the GEMM uses, and at most one step from modelopt's. vLLM refuses
+    W8A16 (its contract says so; the build notes it). Read back, the checkpoint runtime
+    multiplies the INT8 values by their scales, as the GEMM does."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.spec.modes import WeightOnlyInt8
+
+    out = tmp_path / "ours"
+    out.mkdir()
+    summary = convert_llmapi(WeightOnlyInt8(clip=False), tiny_llama, out, calibration=None,
+                             recipe=None)  # fmt: skip
+    assert summary["loaders"] == ["tensorrt-llm 1.0", "tensorrt-llm 1.1", "tensorrt-llm 1.2"]
+    assert "vllm 0.10-0.34 refuse W8A16" in summary["notes"][-1]
+    vllm = check_unified(out, CONTRACTS["vllm 0.10-0.34"])
+    assert len(vllm) == 1 and "quant_algo 'W8A16'" in vllm[0]
+    table = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert table == {"quant_algo": "W8A16", "kv_cache_quant_algo": None,
+                     "exclude_modules": ["lm_head", "model.embed_tokens"]}  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float16)
+    ids = torch.randint(0, 384, (4, 32), generator=torch.Generator().manual_seed(0))
+    mtq.quantize(model, mtq.INT8_WEIGHT_ONLY_CFG, forward_loop=lambda m: m(ids))
+    export_hf_checkpoint(model, export_dir=str(tmp_path / "modelopt"))
+    theirs = load_file(tmp_path / "modelopt" / "model.safetensors")
+    ours = load_file(out / "model.safetensors")
+    source = {n: t.half() for n, t in load_file(tiny_llama / "model.safetensors").items()}
+    assert sorted(ours) == sorted(theirs)
+    quantized = [n for n in ours if ours[n].dtype == torch.int8]
+    assert len(quantized) == 14
+    for name in sorted(ours):
+        assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape
+        if name in quantized:
+            scale = ours[name + "_scale"]
+            assert torch.equal(scale, theirs[name + "_scale"].half().float()), name
+            exact = source[name].float() / scale[:, None]
+            assert ((ours[name].float() - exact).abs() <= 0.5 + 1e-6).all(), name  # nearest
+            assert (ours[name].float() - theirs[name].float()).abs().max() <= 1, name
+        elif not name.endswith("weight_scale"):
+            assert torch.equal(ours[name], theirs[name]), name
+    runtime = CheckpointRuntime.load(out)
+    weight = runtime._dense["transformer.layers.0.mlp.proj.weight"]
+    assert torch.equal(weight, ours["model.layers.0.mlp.down_proj.weight"].float()
+                       * ours["model.layers.0.mlp.down_proj.weight_scale"][:, None])  # fmt: skip
+
+
 REFUSALS = {  # argv -> (exit code, words the one line must have)
     ("--dtype", "int8"): (2, ("SmoothQuant", "fp8", "int8-wo")),
     ("--dtype", "int8", "--sq-granularity", "per-tensor"): (2, ("SmoothQuant", "fp8")),
     ("--dtype", "float16", "--kv-cache", "int8"): (2, ("INT8 KV cache", "--kv-cache fp8")),
-    ("--dtype", "int8-wo"): (2, ("int8-wo", "--dtype fp8")),
+    ("--dtype", "int8-wo", "--kv-cache", "int8"): (2, ("INT8 KV cache", "--kv-cache fp8")),
     ("--dtype", "float16", "--kv-cache", "fp8"): (2, ("quant_algo", "--dtype fp8 --kv-cache fp8")),
 }
 

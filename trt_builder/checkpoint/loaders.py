@@ -110,6 +110,16 @@ def check_unified(directory: Path, contract: LoaderContract) -> list[str]:
             f"quant_algo {algo!r}: {contract.loader} runs {contract.quant_algos} ({contract.source})"
         )
     layers = sorted({int(n.split(".")[2]) for n in header if n.startswith("model.layers.")})
+    for i in layers if algo == "W8A16" else []:  # WeightOnlyQuantLinearMethod
+        for linear in LINEARS:
+            base = f"model.layers.{i}.{linear}"
+            weight, scale = header.get(f"{base}.weight"), header.get(f"{base}.weight_scale")
+            if weight is None or weight["dtype"] != "I8" or len(weight["shape"]) != 2:
+                problems.append(f"{base}.weight is not an I8 [out, in] matrix ({contract.source})")
+            elif scale is None or scale["shape"] != weight["shape"][:1]:
+                problems.append(
+                    f"{base}.weight_scale is not one scale per output row ({contract.source})"
+                )
     for i in layers if algo == "FP8" else []:
         for linear in LINEARS:
             base = f"model.layers.{i}.{linear}"

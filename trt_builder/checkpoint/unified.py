@@ -37,12 +37,17 @@ from ..models.registry import family_for
 from ..spec.gates import hf_quantization
 from .config import engine_config
 from .fp8 import E4M3, to_e4m3
+from .weight_only import WEIGHT_ONLY_LINEARS, quantize_rows
 
 #: The weights file written; its quantization file.
 WEIGHTS = "model.safetensors"
 HF_QUANT = "hf_quant_config.json"
 #: The K and V cache scales, on the k and v projections (modelopt's names, vLLM remaps them).
 KV_SCALES = ("k_proj.k_scale", "v_proj.v_scale")
+#: In the TensorRT-LLM-named tensors read_unified gives, the per-row scale of a W8A16 GEMM
+#: whose `weight` is the checkpoint's int8 (a name of trt-builder's: the engine checkpoint has
+#: float weights, which trtllm-build quantizes; runtimes/checkpoint.py multiplies the two).
+WEIGHT_SCALE = ".weight_only_scale"
 
 
 def is_unified(directory: Path) -> bool:
@@ -60,16 +65,26 @@ def _base(name: str) -> str:
 
 
 def hf_tensors(
-    tensors: dict[str, torch.Tensor], rules: list[TensorRule], kv_scales: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor],
+    rules: list[TensorRule],
+    kv_scales: dict[str, torch.Tensor],
+    weight_only: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """The Hugging Face tensors of a TP=1 TensorRT-LLM checkpoint's `tensors` (taken from the
     dict as they are placed), by the family's `rules` for the source model; `kv_scales`: the
-    k_scale / v_scale tensors by Hugging Face name, for the FP8 KV cache."""
+    k_scale / v_scale tensors by Hugging Face name, for the FP8 KV cache; `weight_only`: the
+    model dtype of a W8A16 checkpoint, whose GEMM weights are written as INT8 values
+    (checkpoint/weight_only.py)."""
     out: dict[str, torch.Tensor] = {}
     for rule in rules:
         tensor = tensors.pop(rule.name)
         parts = tensor.split(rule.rows()) if len(rule.sources) > 1 else [tensor]
-        scales = {}
+        scales: dict[str, torch.Tensor] = {}
+        row_scales: list[torch.Tensor] = []
+        if weight_only is not None and rule.name.endswith(WEIGHT_ONLY_LINEARS):
+            q, row = quantize_rows(tensor, weight_only)
+            parts = q.split(rule.rows()) if len(rule.sources) > 1 else [q]
+            row_scales = list(row.split(rule.rows())) if len(rule.sources) > 1 else [row]
         if tensor.dtype == E4M3:
             base = _base(rule.name)
             scales = {
@@ -85,6 +100,8 @@ def hf_tensors(
             out[source] = part.contiguous()
             for suffix, scale in scales.items():
                 out[f"{_base(source)}.{suffix}"] = scale.clone()
+        for source, row in zip(rule.sources, row_scales, strict=False):
+            out[f"{_base(source)}.weight_scale"] = row.contiguous()
     for name in [n for n in tensors if n.endswith(".kv_cache_scaling_factor")]:
         del tensors[name]  # the engine's: the Hugging Face checkpoint has k_scale and v_scale
     if tensors:
@@ -158,6 +175,9 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
             raise InputError(
                 f"{directory} lacks tensor {exc}: it is not a whole checkpoint"
             ) from None
+        if parts[0].dtype == torch.int8:  # W8A16: INT8 values and a scale per output row
+            rows = [stored[f"{_base(s)}.weight_scale"].float().reshape(-1) for s in rule.sources]
+            tensors[_base(rule.name) + WEIGHT_SCALE] = torch.cat(rows)
         if parts[0].dtype == E4M3:
             base = _base(rule.name)
             scales = [stored[f"{_base(s)}.weight_scale"].float().reshape(1) for s in rule.sources]

@@ -23,11 +23,12 @@ from ..calibrate.stats import load_stats
 from ..checkpoint.loaders import CONTRACTS, check_unified
 from ..checkpoint.reader import read_checkpoint
 from ..checkpoint.unified import HF_QUANT, KV_SCALES, WEIGHTS, hf_tensors, quantization
+from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
 from ..models.family import TensorRule
 from ..source.files import TOKENIZER_FILES, read_hf_config
 from ..source.portable import copy_portable, portable_config
-from ..spec.modes import QuantMode, SmoothQuant, WeightOnlyInt8
+from ..spec.modes import QuantMode, SmoothQuant
 from .kvcache import kv_amax, qkv_ranges
 from .model import convert_model
 from .plan import plan_conversion
@@ -64,8 +65,10 @@ def convert_llmapi(
 ) -> dict[str, Any]:
     """Write the Hugging Face checkpoint of `mode` into `out_dir` (empty), from the engine
     target's checkpoint (convert/model.py convert_model) at TP=1."""
-    if isinstance(mode, WeightOnlyInt8 | SmoothQuant) or (
-        mode.kv_cache != "model" and mode.quant_algo is None
+    if (
+        isinstance(mode, SmoothQuant)
+        or mode.kv_int8
+        or (mode.kv_cache != "model" and mode.quant_algo is None)
     ):
         raise ConversionError(  # BuildSpec refuses these first; this is for the library's callers
             f"{mode.name} is not written for --target llmapi: use --dtype fp8 or float16"
@@ -82,7 +85,9 @@ def convert_llmapi(
     if quant.get("kv_cache_quant_algo") == "FP8":
         assert calibration is not None  # the FP8 KV cache always calibrates
         extra = kv_scales(calibration, rules, config)
-    save_file(hf_tensors(tensors, rules, extra), str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    weight_only = torch_dtype(config["dtype"]) if quant["quant_algo"] == "W8A16" else None
+    written = hf_tensors(tensors, rules, extra, weight_only)
+    save_file(written, str(out_dir / WEIGHTS), metadata={"format": "pt"})
     hf_config = portable_config(read_hf_config(hf_dir))
     hf_config["dtype"] = hf_config["torch_dtype"] = config["dtype"]
     hf_config.pop("quantization_config", None)
@@ -99,7 +104,8 @@ def convert_llmapi(
     if (engine_dir / "recipe.json").is_file():
         shutil.copy2(engine_dir / "recipe.json", out_dir / "recipe.json")
     shutil.rmtree(engine_dir)
-    for contract in CONTRACTS.values():  # a converter bug, caught before anyone loads it
+    loaders = [c for c in CONTRACTS.values() if quant["quant_algo"] in (None, *c.quant_algos)]
+    for contract in loaders:  # a converter bug, caught before anyone loads it
         problems = check_unified(out_dir, contract)
         if problems:
             raise ConversionError(
@@ -113,5 +119,12 @@ def convert_llmapi(
         tp=1,
         pp=1,
         family=family.name,
+        loaders=[c.loader for c in loaders],
     )
+    if len(loaders) < len(CONTRACTS):
+        refused = sorted(set(CONTRACTS) - {c.loader for c in loaders})
+        summary.setdefault("notes", []).append(
+            f"the {quant['quant_algo']} llmapi checkpoint loads in {', '.join(c.loader for c in loaders)}; "
+            f"{', '.join(refused)} refuse {quant['quant_algo']}"
+        )
     return summary

@@ -48,10 +48,10 @@ def inspect(out: Path) -> dict[str, Any]:
 
 
 def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
-    """What `--target llmapi` does on this host: it builds wherever torch runs (float dtypes
-    and fp8; not SmoothQuant or the INT8 KV cache); its repository is served on the reference
-    backend by any tritonserver with the Python backend; TensorRT-LLM's own LLM() is not
-    packaged yet (docs/llmapi.md)."""
+    """What `--target llmapi` does on this host: it builds wherever torch runs (float dtypes,
+    int8-wo and fp8; not SmoothQuant or the INT8 KV cache); its repository is served on the
+    reference backend by any tritonserver with the Python backend; TensorRT-LLM's own LLM() is
+    not packaged yet (docs/llmapi.md)."""
     serve = (
         "served on the reference backend (llmapi contract)"
         if binary
@@ -63,4 +63,4 @@ def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
         if version[:1].isdigit() and not version.startswith("0.")
         else ""
     )
-    return f"yes: builds (float dtypes, fp8), {serve}{installed}"
+    return f"yes: builds (float dtypes, int8-wo, fp8), {serve}{installed}"

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 
 from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
+from ..checkpoint.unified import WEIGHT_SCALE
+from ..checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
@@ -66,9 +68,6 @@ _ACTIVATIONS: dict[str, Any] = {
 #: different roundings; cuBLAS's choice depends on M too), and int8 rounding amplifies a
 #: last-bit difference into another token.
 DECODE_ROWS = 8
-
-#: Linears trtllm-build quantizes for W8A16 (TensorRT-LLM's weight_only_quantize_dict).
-WEIGHT_ONLY_LINEARS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
 
 
 def weight_only_int8(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -176,6 +175,14 @@ class CheckpointRuntime:
             return w.float()  # exact integers; the scales are applied around the GEMM
         if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
             return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
+        if (
+            w.dtype == torch.int8
+            and self.quant_algo == "W8A16"
+            and name.endswith(WEIGHT_ONLY_LINEARS)
+        ):
+            scale = self.w.get(name.removesuffix(".weight") + WEIGHT_SCALE)
+            if scale is not None:  # the llmapi checkpoint's INT8 values: as its GEMM reads them
+                return w.float() * scale.float()[:, None]
         if w.dtype == torch.int8:
             raise InputError(
                 f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"

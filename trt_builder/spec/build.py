@@ -13,7 +13,7 @@ from typing import Any
 from ..core.errors import SpecError
 from .gates import Gate, gate_for
 from .gpus import GPUS
-from .modes import DTYPE_CHOICES, QuantMode, SmoothQuant, WeightOnlyInt8, mode_for
+from .modes import DTYPE_CHOICES, QuantMode, SmoothQuant, mode_for
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -357,12 +357,6 @@ def _refuse_for_llmapi(mode: QuantMode, dtype: str, kv_cache: str) -> None:
         raise SpecError(
             "--kv-cache int8 is not built for --target llmapi: TensorRT-LLM's PyTorch backend "
             "has no INT8 KV cache; use --kv-cache fp8 (SM 89+) or model, or --target engine"
-        )
-    if isinstance(mode, WeightOnlyInt8):
-        raise SpecError(
-            "--dtype int8-wo is not built for --target llmapi yet (TensorRT-LLM's PyTorch "
-            "backend runs W8A16, vLLM does not): use --dtype fp8 (SM 89+) or float16, or "
-            "--target engine"
         )
     if mode.kv_fp8 and mode.quant_algo is None:
         raise SpecError(
