@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.sources import Source
+from ..spec.gates import modelopt_quantization
 from .safetensors_io import read_header
 
 TL = "NVIDIA/TensorRT-LLM"
@@ -78,8 +79,7 @@ def _quantization(directory: Path, config: dict[str, Any], contract: LoaderContr
     found = config.get("quantization_config")
     if found is None or found.get("quant_method") != "modelopt":
         return None
-    return {"quant_algo": found.get("quant_algo"),
-            "kv_cache_quant_algo": "FP8" if found.get("kv_cache_scheme") else None}  # fmt: skip
+    return modelopt_quantization(found)
 
 
 def check_unified(directory: Path, contract: LoaderContract) -> list[str]:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..calibrate.corpus import corpus_windows, sampled_windows
-from ..calibrate.stats import load_stats, take_model
+from ..calibrate.stats import load_stats
 from ..checkpoint.fp8 import FP8_MAX, to_e4m3, weight_scale
 from ..checkpoint.safetensors_io import DTYPES, SafetensorsIndex
 from ..core.dtypes import torch_dtype
@@ -49,10 +49,9 @@ from ..models.registry import family_for
 from ..runtimes.fp8 import fp8_matmul
 from ..runtimes.int8 import GROUPS, group_name
 from ..source.files import read_hf_config, weight_files
-from ..source.hf import pick_device
 from .candidates import Fp8SearchSet
 from .rounding import compensated_e4m3
-from .score import WINDOW, Scorer, figures, halving, mean_se
+from .score import WINDOW, Scorer, figures, halving, mean_se, searched_model
 from .simulate import Group, gemm_groups, in_model
 from .simulate import weight as simulated_weight
 
@@ -351,18 +350,9 @@ def search_fp8(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen e4m3 weights that differ from nearest
     rounding and their scales, by checkpoint tensor name, on the CPU)."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     start = time.perf_counter()
-    device = pick_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     hf_config = read_hf_config(hf_dir)
-    model = take_model({} if handoff is None else handoff, hf_dir, device, offload).eval()
-    first = str(next(model.parameters()).device)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
     laps = _Laps(start)
     laps("load")
     fit_ids, ids = _texts(model, tokenizer, choice, progress)

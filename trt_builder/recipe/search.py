@@ -33,13 +33,12 @@ from typing import Any
 import torch
 
 from ..calibrate.corpus import corpus_windows
-from ..calibrate.stats import load_stats, take_model
+from ..calibrate.stats import load_stats
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..models.registry import family_for
 from ..source.files import read_hf_config, weight_files
-from ..source.hf import pick_device
 from .candidates import SearchSet
-from .score import WINDOW, Scorer, figures, halving, mean_se
+from .score import WINDOW, Scorer, figures, halving, mean_se, searched_model
 from .simulate import Group, Simulation, column_max, gemm_groups, plugin_gemm
 
 
@@ -100,27 +99,18 @@ def search(
     """The recipe: every candidate's figures, the chosen alphas (global, and per layer and
     group), each group's sensitivity; as recipe.json holds it. The model is the one the
     calibration left in `handoff` where it is there (the same load), else loaded."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     start = time.perf_counter()
-    device = pick_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    windows = torch.tensor(
-        corpus_windows(tokenizer, choice.tokens + choice.fit_tokens, WINDOW, split="search")
-    )
-    scored = choice.tokens // WINDOW
-    ids, fit_ids = windows[:scored], windows[scored:]
     hf_config = read_hf_config(hf_dir)
     family = family_for(hf_config)
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         names = set(index.names())
     groups = gemm_groups(family, hf_config, names)
-    model = take_model({} if handoff is None else handoff, hf_dir, device, offload).eval()
-    first = str(next(model.parameters()).device)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
+    windows = torch.tensor(
+        corpus_windows(tokenizer, choice.tokens + choice.fit_tokens, WINDOW, split="search")
+    )
+    scored = choice.tokens // WINDOW
+    ids, fit_ids = windows[:scored], windows[scored:]
     sim = Simulation(model, groups, load_stats(calibration), choice.per_token)
     with sim.installed():
         progress("fitting alphas per layer and GEMM group")

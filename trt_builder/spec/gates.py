@@ -107,6 +107,12 @@ def hf_quantization(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
             f"{directory}: quantization_config method {found.get('quant_method')!r} is not "
             "read here (modelopt's unified format is): pass a checkpoint trt-builder wrote"
         )
+    return modelopt_quantization(found)
+
+
+def modelopt_quantization(found: dict[str, Any]) -> dict[str, Any]:
+    """The quantization of config.json's modelopt `quantization_config` (`found`), in
+    hf_quant_config.json's keys."""
     return {
         "quant_algo": found.get("quant_algo"),
         "kv_cache_quant_algo": "FP8" if found.get("kv_cache_scheme") else None,

@@ -68,12 +68,18 @@ def connect(url: str, *, timeout: float = 60.0) -> tuple[Any, Any, bool]:
     return module, client, grpc
 
 
+def _tensor(module: Any, name: str, value: Any, dtype: str, *, batch: bool = True) -> Any:
+    """One input holding `value`: [1, 1] for the ensemble (a batch dimension), [1] without."""
+    array: np.ndarray = np.array([value], dtype=object if dtype == "BYTES" else _NUMPY[dtype])
+    array = array.reshape(1, 1) if batch else array
+    item = module.InferInput(name, list(array.shape), dtype)
+    item.set_data_from_numpy(array)
+    return item
+
+
 def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
     def tensor(name: str, value: Any, dtype: str) -> Any:
-        array: np.ndarray = np.array([[value]], dtype=object if dtype == "BYTES" else _NUMPY[dtype])
-        item = module.InferInput(name, list(array.shape), dtype)
-        item.set_data_from_numpy(array)
-        return item
+        return _tensor(module, name, value, dtype)
 
     text = (
         ("text_input", request.prompt.encode())
@@ -117,10 +123,7 @@ def _llmapi_inputs(module: Any, request: Request, stream: bool) -> list[Any]:
         )
 
     def tensor(name: str, value: Any, dtype: str) -> Any:
-        array: np.ndarray = np.array([value], dtype=object if dtype == "BYTES" else _NUMPY[dtype])
-        item = module.InferInput(name, list(array.shape), dtype)
-        item.set_data_from_numpy(array)
-        return item
+        return _tensor(module, name, value, dtype, batch=False)
 
     items = [
         tensor("text_input", request.prompt.encode(), "BYTES"),

@@ -18,7 +18,6 @@ neither).
 
 import json
 import queue
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +77,9 @@ def make_request(inputs, tokenizer, end_id, max_seq_len=0):
 
 
 class TritonPythonModel(_Batching):
+    INPUTS: tuple[str, ...] = INPUTS
+
     def initialize(self, args):
-        import torch
         import triton_python_backend_utils as pb_utils
         from transformers import AutoTokenizer
 
@@ -93,9 +93,7 @@ class TritonPythonModel(_Batching):
         checkpoint = Path(settings["model"])
         if not (checkpoint / "config.json").is_file():  # served from another path than packaged
             checkpoint = here / "checkpoint"
-        device = params.get("device", "auto")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = self._device(params)
         runtime = CheckpointRuntime.load(checkpoint, device)
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         end = self.tokenizer.eos_token_id
@@ -110,27 +108,9 @@ class TritonPythonModel(_Batching):
             f"on {device}, {checkpoint}"
         )
         self.max_seq_len = int(settings.get("max_seq_len") or 0)
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        batch = int(settings.get("max_batch_size") or 8)
-        self.batcher = InflightBatcher(runtime, max_batch_size=batch)
-        self.inbox = queue.SimpleQueue()
-        self.wake = threading.Event()
-        self.stopping = False
-        self.polled = 0.0
-        self.active = {}  # request id -> (sender, stream, tokens, Triton's request)
         self.shape = {}  # request id -> (prompt ids or (), asked outputs, stop words)
-        self.worker = threading.Thread(target=self._loop, daemon=True)
-        self.worker.start()
-
-    def _inputs(self, request):
-        import triton_python_backend_utils as pb_utils
-
-        found = {}
-        for name in INPUTS:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                found[name] = tensor.as_numpy()
-        return found
+        batch = int(settings.get("max_batch_size") or 8)
+        self._start(config, InflightBatcher(runtime, max_batch_size=batch))
 
     def _submit(self, request, sender):
         inputs = self._inputs(request)
@@ -161,19 +141,14 @@ class TritonPythonModel(_Batching):
             self.active[rid] = (sender, stream, [], request)
             self.shape[rid] = (prefix, asked, parsed.stop_words)
 
-    def execute(self, requests):
+    @staticmethod
+    def _refusal(message):
+        """As the template answers an error: text_output "N/A" and the error."""
         import triton_python_backend_utils as pb_utils
 
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._submit(request, sender)
-            except Exception as exc:  # as the template answers an error: "N/A" and the error
-                text = pb_utils.Tensor("text_output", np.asarray(["N/A"], dtype=object))
-                sender.send(pb_utils.InferenceResponse(output_tensors=[text],
-                                                       error=pb_utils.TritonError(str(exc))),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
-        return None
+        text = pb_utils.Tensor("text_output", np.asarray(["N/A"], dtype=object))
+        return pb_utils.InferenceResponse(output_tensors=[text],
+                                          error=pb_utils.TritonError(message))  # fmt: skip
 
     def _text_response(self, rid, tokens, reason):
         import triton_python_backend_utils as pb_utils

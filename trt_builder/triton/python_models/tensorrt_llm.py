@@ -98,8 +98,10 @@ INPUTS = ("input_ids", "input_lengths", "request_output_len", "end_id", "pad_id"
 
 
 class TritonPythonModel:
+    #: The inputs _inputs reads (a subclass names its own).
+    INPUTS: tuple[str, ...] = INPUTS
+
     def initialize(self, args):
-        import torch
         import triton_python_backend_utils as pb_utils
 
         from trt_builder.runtimes.batching import InflightBatcher
@@ -108,17 +110,30 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         here = Path(args["model_repository"]) / args["model_version"]
-        device = params.get("device", "auto")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = self._device(params)
         runtime = CheckpointRuntime.load(here / params.get("checkpoint_dir", "checkpoint"), device)
         pb_utils.Logger.log_info(
             f"tensorrt_llm: trt-builder's reference backend (PyTorch, not TensorRT-LLM) on {device}"
         )
         self.vocab_size = int(runtime.config["vocab_size"])
         self.max_seq_len = int(params.get("max_seq_len") or 0)  # older repositories: none
+        self._start(config, InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"])))
+
+    @staticmethod
+    def _device(params):
+        import torch
+
+        device = params.get("device", "auto")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return device
+
+    def _start(self, config, batcher):
+        """The batch and its worker thread (the llmapi model's initialize ends here too)."""
+        import triton_python_backend_utils as pb_utils
+
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.batcher = InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"]))
+        self.batcher = batcher
         # execute() only puts requests here; the worker alone touches the batch, so a request
         # is never held up behind another's step
         self.inbox = queue.SimpleQueue()
@@ -133,7 +148,7 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils
 
         found = {}
-        for name in INPUTS:
+        for name in self.INPUTS:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 found[name] = tensor.as_numpy()
@@ -198,9 +213,16 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except Exception as exc:  # a refused request: its own error, the rest go on
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
+                sender.send(self._refusal(str(exc)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
         return None
+
+    @staticmethod
+    def _refusal(message):
+        """The response to a request refused before it joins the batch."""
+        import triton_python_backend_utils as pb_utils
+
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
     @staticmethod
     def _response(tokens):
