@@ -3,7 +3,9 @@ int8 (SmoothQuant) repositories with in-flight batching, and float16 one request
 (`max_batch_size` 1), each served by a real tritonserver with trt-builder's reference backend
 (PyTorch, on the GPU where there is one; not TensorRT-LLM) and swept over concurrency by
 `trt-builder bench`; then `bench --compare`: int8 against float16, in-flight batching against
-one request at a time.
+one request at a time. `--only fp8,fp8-llmapi`: the fp8 engine target's repository against the
+fp8 `--target llmapi` one (the llmapi contract: text in, the whole text so far in each streamed
+response), compared.
 
     python benchmarks/bench_sweep.py [--model DIR | --synthetic TOKENIZER_DIR]
         [--layers 30] [--concurrency 1,2,4,8] [--requests 12] [--repeats 2] [--output-tokens 32]
@@ -16,8 +18,8 @@ are noise, so verify's gates are opened, and every answer is --output-tokens lon
 --ignore-eos; also with --ignore-eos for any model). Needs tritonserver (`trt-builder[serve]`
 or the NGC container's) and aiperf (`scripts/setup.sh --bench` or TRT_BUILDER_AIPERF). Prints
 each build's points and the comparisons; writes each bench's JSON and HTML page, and the
-comparisons', into --out. --only builds and benches some of the three (float16, int8,
-float16-batch1); a comparison whose other side is not run is made from that build's JSON already
+comparisons', into --out. --only builds and benches some of the five (float16, int8,
+float16-batch1 by default; fp8, fp8-llmapi); a comparison whose other side is not run is made from that build's JSON already
 in --out (an earlier run's, on the same kind of host), and says so. The work directory (models,
 engines, repositories) is removed afterwards unless given.
 """
@@ -47,9 +49,14 @@ BUILDS = (
     ("float16", ["--dtype", "float16"]),
     ("int8", ["--dtype", "int8"]),
     ("float16-batch1", ["--dtype", "float16", "--max-batch-size", "1"]),
+    ("fp8", ["--dtype", "fp8"]),
+    ("fp8-llmapi", ["--dtype", "fp8", "--target", "llmapi"]),
 )
+#: What runs unless --only says otherwise (the fp8 pair: --only fp8,fp8-llmapi).
+DEFAULT = ("float16", "int8", "float16-batch1")
 COMPARISONS = (("int8-vs-float16", "float16", "int8"),
-               ("batching-vs-batch1", "float16-batch1", "float16"))  # fmt: skip
+               ("batching-vs-batch1", "float16-batch1", "float16"),
+               ("llmapi-vs-engine", "fp8", "fp8-llmapi"))  # fmt: skip
 
 
 def device() -> str:
@@ -69,7 +76,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--only", default=",".join(name for name, _ in BUILDS))
+    parser.add_argument("--only", default=",".join(DEFAULT))
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path, default=Path("bench-sweep"))
     args = parser.parse_args()
@@ -106,6 +113,9 @@ def main() -> None:
     only = set(args.only.split(","))
     if not only <= {name for name, _ in BUILDS}:
         parser.error(f"--only takes {', '.join(name for name, _ in BUILDS)}")
+    if "--ignore-eos" in bench_flags and "fp8-llmapi" in only:
+        parser.error("the llmapi model has no input that ignores the end token: fp8-llmapi "
+                     "cannot run with --synthetic or --ignore-eos")  # fmt: skip
     for name, flags in [(n, f) for n, f in BUILDS if n in only]:
         seconds, stdout = timed([*exe, "build", *model, *flags, *build_flags, "--out",
                                  str(work / "engines"), "--triton-root",

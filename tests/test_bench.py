@@ -219,7 +219,87 @@ def test_a_repository_that_cannot_stream_or_load_is_refused(
     assert f"(log: {log})" in " ".join(err.split()) and "failed to load" in log.read_text()
 
 
-def _bench_fleet(tmp_path: Path, model: Path, bench: str, streaming: str = "true") -> Path:
+@pytest.mark.integration
+@needs_aiperf
+def test_an_llmapi_repository_is_benched_each_answer_counted_once(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The llmapi model streams the whole text so far in every response, which aiperf adds up.
+    One prompt, four requests: bench's output tokens are four times the tokens of the answer
+    our own gRPC client gets for the same rendered chat, where aiperf counted more; its
+    inter-token latency is the mean of aiperf's own gaps between responses; --ignore-eos,
+    which the llmapi model has no input for, is refused in one line."""
+    import tempfile
+
+    from test_serve import _ports
+    from transformers import AutoTokenizer
+
+    from trt_builder.bench.cumulative import recount, token_counter
+    from trt_builder.bench.loadgen import command, run_point
+    from trt_builder.bench.prompts import write_prompts
+    from trt_builder.pipeline import run
+    from trt_builder.spec.build import make_spec
+    from trt_builder.triton import client
+    from trt_builder.triton.server import start
+
+    spec = make_spec(model=str(tiny_llama), target="llmapi", dtype="float16",
+                     out=tmp_path / "e", triton_root=tmp_path / "t",
+                     **{"verify.heldout_tokens": 128, "triton.streaming": True})  # fmt: skip
+    repo = run(spec).layout.triton
+    checkpoint = next(repo.glob("tensorrt_llm/*/checkpoint"))
+    (tmp_path / "one.jsonl").write_text('{"text": "The answer is"}\n')
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "The answer is"}],
+                                             tokenize=False, add_generation_prompt=True)  # fmt: skip
+    out = tmp_path / "r.json"
+    with start(repo, **_ports(tmp_path / "server.log")) as server:
+        request = client.Request(prompt=rendered, max_tokens=8)
+        pieces = [p for p in client.stream(server.grpc_url, request) if p]  # what each added
+        tokens = len(tokenizer.encode("".join(pieces), add_special_tokens=False))
+        first = len(tokenizer.encode(pieces[0], add_special_tokens=False))
+        flags = ["--tokenizer", str(checkpoint), "--concurrency", "2", "--requests", "4",
+                 "--warmup", "1", "--prompts", str(tmp_path / "one.jsonl"),
+                 "--output-tokens", "8", "--out", str(out)]  # fmt: skip
+        code = main(["bench", server.http_url, *flags, "--ignore-eos"])
+        err = capsys.readouterr().err
+        assert code == 3 and "--ignore-eos: the llmapi model" in err and len(err.splitlines()) == 1
+        assert not out.exists()
+        code = main(["bench", server.http_url, *flags])
+        assert code == 0, capsys.readouterr().err[-2000:]
+        result = json.loads(out.read_text())
+        assert result["serving"]["contract"] == "llmapi"
+        assert result["options"]["model"] == "tensorrt_llm"
+        (figures,) = result["points"][0]["repeats"]
+        assert tokens > 1 and figures["requests"] == 4 and figures["errors"] == 0
+        assert figures["output_tokens"] == 4 * tokens
+        assert figures["aiperf_output_tokens"] > figures["output_tokens"]
+
+        options = BenchOptions(concurrency=(2,), requests=4, warmup=1, output_tokens=8,
+                               prompts=str(tmp_path / "one.jsonl"), model="tensorrt_llm")  # fmt: skip
+        prompts = write_prompts(options, tmp_path, chat=checkpoint)
+        # a short path, as bench's own: aiperf's ZMQ sockets live under it (107 bytes at most)
+        point = Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
+        argv = command(find_aiperf(), options, "concurrency", 2, url=server.http_url,
+                       tokenizer=checkpoint, prompts=prompts, out=point, seed=0, llmapi=True)  # fmt: skip
+        figures = run_point(argv, point, tmp_path / "aiperf.log")
+    decode = []  # each request's time from its first response to its last, by aiperf's gaps
+    for line in (point / "profile_export.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["metadata"]["benchmark_phase"] != "warmup":
+            chunks = row["metrics"]["inter_chunk_latency"]["value"]
+            assert len(chunks) == len(pieces) - 1  # the responses our client got, one a step
+            decode.append(sum(chunks))
+    recount(figures, point, token_counter(checkpoint))
+    shutil.rmtree(point)
+    # the tokens after the first response's, once each (the random model's text encodes to
+    # more tokens than it generated: tokens are counted on text, as aiperf counts them)
+    want = sum(decode) / len(decode) / (tokens - first)
+    assert figures["itl_ms"]["avg"] == pytest.approx(want, rel=1e-4)
+
+
+def _bench_fleet(
+    tmp_path: Path, model: Path, bench: str, streaming: str = "true", target: str = "engine"
+) -> Path:
     path = tmp_path / "fleet.toml"
     path.write_text(f"""[fleet]
 name = "bench"
@@ -233,6 +313,7 @@ model = "{model}"
 [[models.variants]]
 name = "f32"
 dtype = "float32"
+target = "{target}"
 verify = {{ heldout_tokens = 128 }}
 triton = {{ streaming = {streaming} }}
 bench = {bench}
@@ -259,17 +340,19 @@ def test_a_fleet_bench_is_checked_when_the_file_is_read(tiny_llama: Path, tmp_pa
 
 @pytest.mark.integration
 @needs_aiperf
+@pytest.mark.parametrize("target", ["engine", "llmapi"])
 def test_a_throughput_drop_fails_the_night_and_names_the_metric(
-    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
     """The first night benches the repository and records its figures; the history is then
     made to say the last good night was three times as fast (the injected drop). The second night's
     build is cached (convert and verify) and its quality figures equal the baseline's, but its throughput is a third:
-    exit 11, naming the metric, the old value and the new one."""
+    exit 11, naming the metric, the old value and the new one. Both targets' repositories."""
     # four requests a night: the other timings of so short a bench may move past their
     # tolerances too; the test is that the injected figure fails the night and is named
     fleet = _bench_fleet(tmp_path, tiny_llama,
-                         "{ concurrency = [1], requests = 4, warmup = 1, output_tokens = 8 }")  # fmt: skip
+                         "{ concurrency = [1], requests = 4, warmup = 1, output_tokens = 8 }",
+                         target=target)  # fmt: skip
     code = main(["nightly", str(fleet), "--report-dir", str(tmp_path / "r1"), "--json"])
     first = json.loads(capsys.readouterr().out)
     assert code == 0, first

@@ -122,11 +122,9 @@ model = "org/m"
         # ... and FP8 below SM 89
         (BASE.replace('"float16"', '"fp8"\n  kv_cache = "fp8"\n  target_gpu = "A100-80GB"'),
          "models[0].variants[0]: --target-gpu A100-80GB is SM 80, which has no FP8"),
-        # the llmapi target: SmoothQuant refused before any work; no bench on it yet
+        # the llmapi target: SmoothQuant refused before any work
         (BASE.replace('"float16"', '"int8"\n  target = "llmapi"'),
          "models[0].variants[0]: --dtype int8 (SmoothQuant) is not built for --target llmapi"),
-        (BASE.replace('"float16"', '"fp8"\n  target = "llmapi"\n  [models.variants.bench]\n'
-                      '  concurrency = [1]'), "bench on an llmapi repository is not written yet"),
     ],
 )  # fmt: skip
 def test_a_bad_fleet_is_refused_with_its_place_and_the_fix(

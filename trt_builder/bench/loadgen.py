@@ -3,8 +3,11 @@ run a load point, against Triton's HTTP generate_stream endpoint (server-sent ev
 token, so time to first token and inter-token latency are the client's own measurements).
 
 aiperf has no Triton gRPC transport; its `template` endpoint type sends a payload we give
-(data/generate_stream.jinja: the ensemble's `messages` as a chat, `max_tokens`, `stream`)
-and reads `text_output` from each event. Closed-loop points run with a request-rate cap far
+(data/generate_stream.jinja: the ensemble's `messages` as a chat, `max_tokens`, `stream`;
+data/llmapi_stream.jinja: the llmapi model's `text_input`, `sampling_param_max_tokens`,
+`streaming`, the prompt left out of the answer) and reads `text_output` from each event. An
+llmapi model's events each hold the whole text so far: its point also exports aiperf's raw
+records, from which bench/cumulative.py counts the tokens once. Closed-loop points run with a request-rate cap far
 above what they reach (without one, aiperf's scheduler spins a core, which a 2-core host's
 server loses). What aiperf does not do, and is written here: serving a repository for the
 run, the sweep over points and repeats, the comparison and the nightly's gates.
@@ -65,8 +68,9 @@ def find_aiperf() -> Aiperf:
     return Aiperf(exe, version)
 
 
-def template() -> Path:
-    return Path(str(resources.files(__package__).joinpath("data/generate_stream.jinja")))
+def template(llmapi: bool = False) -> Path:
+    name = "llmapi_stream.jinja" if llmapi else "generate_stream.jinja"
+    return Path(str(resources.files(__package__).joinpath(f"data/{name}")))
 
 
 def command(
@@ -80,15 +84,19 @@ def command(
     prompts: Path | None,
     out: Path,
     seed: int,
+    llmapi: bool = False,
 ) -> list[str]:
-    """aiperf's command line for one load point."""
+    """aiperf's command line for one load point (`llmapi`: to an llmapi repository's model,
+    with the raw records its token counts are corrected from)."""
     argv = [aiperf.executable, "profile", "--model", options.model, "--tokenizer", str(tokenizer),
             "--url", url, "--endpoint-type", "template",
             "--endpoint", f"/v2/models/{options.model}/generate_stream",
-            "--extra-inputs", f"payload_template:{template()}",
+            "--extra-inputs", f"payload_template:{template(llmapi)}",
             "--extra-inputs", "response_field:text_output", "--streaming",
             "--random-seed", str(seed), "--no-gpu-telemetry", "--no-server-metrics",
             "--ui", "none", "--artifact-dir", str(out)]  # fmt: skip
+    if llmapi:
+        argv += ["--export-level", "raw"]
     if mode == "concurrency":
         argv += ["--concurrency", str(int(load)), "--request-rate", str(CLOSED_LOOP_RATE),
                  "--arrival-pattern", "constant"]  # fmt: skip

@@ -52,14 +52,31 @@ def read_jsonl(path: Path) -> list[dict[str, object]]:
     return rows
 
 
-def write_prompts(options: BenchOptions, out: Path) -> Path | None:
-    """aiperf's input file for `options.prompts` in `out` (None: synthetic prompts)."""
+def write_prompts(options: BenchOptions, out: Path, chat: Path | None = None) -> Path | None:
+    """aiperf's input file for `options.prompts` in `out` (None: synthetic prompts). `chat`: a
+    tokenizer directory whose chat template each prompt is rendered with, as one user turn
+    (for a model that takes text, as the llmapi model does: the ensemble renders the chat
+    itself)."""
     if options.prompts == "synthetic":
         return None
     if options.prompts == "bundled":
         rows: list[dict[str, object]] = [{"text": t} for t in bundled()]
     else:
         rows = read_jsonl(Path(options.prompts))
+    if chat is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(chat))
+        if not tokenizer.chat_template:
+            raise InputError(
+                f"{chat} has no chat template to render the prompts with: give the model's "
+                "tokenizer (--tokenizer), or --prompts synthetic"
+            )
+        for row in rows:
+            turn = [{"role": "user", "content": str(row["text"])}]
+            row["text"] = tokenizer.apply_chat_template(
+                turn, tokenize=False, add_generation_prompt=True
+            )
     path = out / "prompts.jsonl"
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:

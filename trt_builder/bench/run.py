@@ -22,11 +22,14 @@ from ..core.errors import InputError, PackageError, TritonError
 from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
 from ..triton.client import connect, stream_model
-from ..triton.repository import validate_repository
+from ..triton.llmapi import CHECKPOINT
+from ..triton.llmapi import MODEL as LLMAPI
+from ..triton.repository import is_llmapi, validate_repository
+from .cumulative import recount, token_counter
 from .figures import summarize
 from .loadgen import POINT_TIMEOUT_S, command, find_aiperf, run_point
 from .options import BenchOptions
-from .prompts import write_prompts
+from .prompts import read_jsonl, write_prompts
 
 
 def _http(url: str, path: str, timeout: float, data: bytes | None = None) -> Any:
@@ -40,7 +43,9 @@ def _http(url: str, path: str, timeout: float, data: bytes | None = None) -> Any
 def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, str]:
     """Refuse, before any load, a URL that does not answer, a model it does not serve, and a
     deployment that cannot stream (generate_stream needs a decoupled tensorrt_llm model). What
-    serves the tensorrt_llm model: its backend, and the reference backend's own statement."""
+    serves the tensorrt_llm model: its backend, the reference backend's own statement, and its
+    contract ("llmapi": TensorRT-LLM's llmapi model, text in, the whole text so far in each
+    streamed response; "ensemble": the engine target's repository)."""
     if url.startswith("grpc://"):
         raise InputError(
             f"{url}: bench streams over Triton's HTTP generate_stream endpoint (aiperf has no "
@@ -69,7 +74,9 @@ def check_deployment(url: str, model: str, timeout: float = 10.0) -> dict[str, s
     implementation = ((config.get("parameters") or {}).get("implementation") or {}).get(
         "string_value", ""
     )
-    return {"backend": str(config.get("backend", "")), "implementation": implementation}
+    llmapi = any(i.get("name") == "text_input" for i in config.get("input") or [])
+    return {"backend": str(config.get("backend", "")), "implementation": implementation,
+            "contract": "llmapi" if llmapi else "ensemble"}  # fmt: skip
 
 
 def _stream_model(url: str) -> str:
@@ -110,10 +117,15 @@ def deployment(target: str, model: str, log: Path) -> Iterator[tuple[str, Path |
             f"{repository}: tensorrt_llm is not decoupled, so generate_stream cannot stream "
             "tokens: package with [triton] streaming = true (trt-builder package --config)"
         )
+    if is_llmapi(configs):  # the checkpoint holds its tokenizer
+        versions = sorted(int(p.name) for p in (repository / LLMAPI).iterdir() if p.name.isdigit())
+        tokenizer = repository / LLMAPI / str(versions[-1]) / CHECKPOINT
+    else:
+        tokenizer = repository / "preprocessing" / "tokenizer"
     ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))
     log.parent.mkdir(parents=True, exist_ok=True)
     with triton_server.start(repository, log=log, **ports) as server:
-        yield server.http_url, repository / "preprocessing" / "tokenizer"
+        yield server.http_url, tokenizer
 
 
 def bench(
@@ -131,7 +143,8 @@ def bench(
     aiperf = find_aiperf()
     work = Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
     try:
-        prompts = write_prompts(options, work)
+        if options.prompts.endswith(".jsonl"):
+            read_jsonl(Path(options.prompts))  # a bad file is refused before a server starts
         served = deployment(target, options.model, out.with_suffix(".tritonserver.log"))
         with served as (url, served_tokenizer):
             options = replace(options, model=options.model or _stream_model(url))
@@ -142,6 +155,15 @@ def bench(
                     "bench needs the deployment's tokenizer to count tokens: pass --tokenizer "
                     "DIR (the repository's preprocessing/tokenizer, or the model's hf/)"
                 )
+            llmapi = serving["contract"] == "llmapi"
+            if llmapi and options.ignore_eos:
+                raise InputError(
+                    "--ignore-eos: the llmapi model (TensorRT-LLM's template) has no input that "
+                    "ignores the end token; bench it without --ignore-eos"
+                )
+            # the llmapi model applies no chat template: the prompts go to it rendered
+            prompts = write_prompts(options, work, chat=Path(tok) if llmapi else None)
+            count = token_counter(Path(tok)) if llmapi else None
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             points = []
             for mode, load in options.points():
@@ -150,10 +172,13 @@ def bench(
                     progress(f"{mode} {load:g}, run {repeat + 1} of {options.repeats}")
                     point_dir = work / f"{mode}-{load:g}-{repeat}"
                     argv = command(aiperf, options, mode, load, url=url, tokenizer=Path(tok),
-                                   prompts=prompts, out=point_dir, seed=options.seed + repeat)  # fmt: skip
+                                   prompts=prompts, out=point_dir, seed=options.seed + repeat,
+                                   llmapi=llmapi)  # fmt: skip
                     timeout = POINT_TIMEOUT_S + (options.duration or 0.0)
-                    repeats.append(run_point(argv, point_dir, out.with_suffix(".aiperf.log"),
-                                             timeout))  # fmt: skip
+                    figures = run_point(argv, point_dir, out.with_suffix(".aiperf.log"), timeout)
+                    if count is not None:  # each response held the whole text so far
+                        recount(figures, point_dir, count)
+                    repeats.append(figures)
                 points.append({"mode": mode, "load": load, "repeats": repeats,
                                "summary": summarize(repeats)})  # fmt: skip
         result = {

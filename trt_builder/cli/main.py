@@ -503,8 +503,9 @@ def _numbers(text: str | None, kind: type, flag: str) -> tuple[Any, ...]:
 @click.option("--ignore-eos", is_flag=True,
               help="Every answer --output-tokens long: the end token does not end it (end_id -1).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--model", default="", help="The model to load [default: tensorrt_llm_bls where "
-              "the deployment has it (whole streamed text), else ensemble].")  # fmt: skip
+@click.option("--model", default="", help="The model to load [default: tensorrt_llm for an "
+              "llmapi deployment; tensorrt_llm_bls where the deployment has it (whole streamed "
+              "text), else ensemble].")  # fmt: skip
 @click.option("--tokenizer", type=click.Path(path_type=Path),
               help="The deployment's tokenizer, for a URL (a repository's own is used otherwise).")  # fmt: skip
 @click.option("--compare", "compare_files", nargs=2, type=click.Path(path_type=Path),
