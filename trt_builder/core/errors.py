@@ -40,7 +40,8 @@ class VerifyFailed(TrtBuilderError):
 
 
 class EngineError(TrtBuilderError):
-    """trtllm-build is missing (with --require-engine) or failed."""
+    """trtllm-build is missing (with --require-engine) or failed; TensorRT-LLM is missing (or
+    too old) for verify's tensorrt-llm and llmapi runtimes."""
 
     exit_code = 7
 
@@ -88,7 +89,8 @@ EXIT_CODES: dict[int, str] = {
     4: "unsupported model architecture",
     5: "conversion error (unmapped tensor, wrong shape, NaN/Inf)",
     6: "verify gate failed",
-    7: "engine build failed, or TensorRT-LLM missing with --require-engine",
+    7: "engine build failed, or TensorRT-LLM missing (--require-engine; verify --runtime "
+    "tensorrt-llm or llmapi)",
     8: "Triton repository failed validation",
     9: "another build of the same target holds the lock",
     10: "an output cannot be written (disk full, no permission)",

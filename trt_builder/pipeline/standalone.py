@@ -1,5 +1,6 @@
-"""Verify on its own (`trt-builder verify --checkpoint/--engine/--url`): a checkpoint, an engine
-or a live deployment against the HF model, with its reports written beside the JSON."""
+"""Verify on its own (`trt-builder verify --checkpoint/--engine/--url`): a checkpoint, an engine,
+an llmapi checkpoint in TensorRT-LLM's LLM() or a live deployment against the HF model, with its
+reports written beside the JSON."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from ..core.errors import InputError
 from ..core.fsio import write_json
+from ..engine.llmapi_runtime import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..engine.runtime import EngineRuntime
 from ..spec.build import BuildSpec
 from ..spec.gates import checkpoint_mode
@@ -16,9 +18,12 @@ from ..verify.compare import RuntimeOpener, verify_checkpoint
 from ..verify.reports import write_reports
 
 
-def open_runtime(kind: str, *, engine_dir: Path | None, url: str | None) -> RuntimeOpener | None:
+def open_runtime(
+    kind: str, *, engine_dir: Path | None, url: str | None, checkpoint: Path | None = None
+) -> RuntimeOpener | None:
     """How to open the runtime `kind` names: None for the checkpoint runtime ("reference"),
-    which verify opens itself."""
+    which verify opens itself. The llmapi runtime's refusals come now, before verify loads
+    the reference model."""
     if kind == "tensorrt-llm":
         if engine_dir is None:
             raise InputError("--runtime tensorrt-llm needs --engine DIR")
@@ -29,6 +34,13 @@ def open_runtime(kind: str, *, engine_dir: Path | None, url: str | None) -> Runt
             raise InputError("--runtime triton needs --url (grpc://host:8001 or http://host:8000)")
         target = url
         return lambda tokenizer: TritonRuntime(target)
+    if kind == "llmapi":
+        if checkpoint is None:
+            raise InputError("--runtime llmapi needs --checkpoint DIR (the llmapi checkpoint)")
+        directory = checkpoint
+        check_llmapi_checkpoint(directory)
+        import_llmapi()
+        return lambda tokenizer: LlmApiRuntime(directory, eos_token_id=tokenizer.eos_token_id)
     return None
 
 
@@ -55,7 +67,7 @@ def verify_standalone(
         device=spec.verify.device,
         tokenizer_dir=tokenizer,
         runtime=runtime,
-        open_runtime=open_runtime(runtime, engine_dir=engine_dir, url=url),
+        open_runtime=open_runtime(runtime, engine_dir=engine_dir, url=url, checkpoint=checkpoint),
         engine_dir=engine_dir,
         url=url,
     )

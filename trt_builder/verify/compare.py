@@ -254,13 +254,13 @@ def hf_greedy_batch(
     return conts
 
 
-RUNTIMES = ("reference", "tensorrt-llm", "triton")
+RUNTIMES = ("reference", "tensorrt-llm", "triton", "llmapi")
 #: Greedy agreement required of a runtime that gives no teacher-forced logits (an engine built
 #: without --gather_context_logits, a Triton deployment), unless the gate sets one.
 GREEDY_ONLY_MIN = 0.8
 
-#: Opens the runtime under test, given the model's tokenizer (an engine or a deployment; the
-#: checkpoint runtime is opened here). pipeline.standalone has the openers.
+#: Opens the runtime under test, given the model's tokenizer (an engine, an llmapi checkpoint in
+#: LLM() or a deployment; the checkpoint runtime is opened here). pipeline.standalone has them.
 RuntimeOpener = Callable[[Any], Any]
 
 
@@ -366,11 +366,11 @@ def verify_checkpoint(
     """Run the model through a runtime and compare it with transformers.
 
     `runtime` names what runs it: "reference" (the checkpoint runtime on `checkpoint`), or
-    "tensorrt-llm" / "triton", opened by `open_runtime` (the engine in `engine_dir`, the
-    deployment at `url`: both recorded in the report). The checkpoint, where given, is also
-    checked statically against the HF model. `tokenizer_dir` is the tokenizer the deployment
-    uses (default: the model's own). Returns the report; `passed` is False when a gate or a
-    fatal finding fails."""
+    "tensorrt-llm" / "llmapi" / "triton", opened by `open_runtime` (the engine in `engine_dir`,
+    TensorRT-LLM's LLM() on the llmapi `checkpoint`, the deployment at `url`: each recorded in
+    the report). The checkpoint, where given, is also checked statically against the HF model.
+    `tokenizer_dir` is the tokenizer the deployment uses (default: the model's own). Returns
+    the report; `passed` is False when a gate or a fatal finding fails."""
     from transformers.utils import logging as hf_logging
 
     if runtime not in RUNTIMES:
