@@ -288,6 +288,31 @@ def test_build_end_to_end_for_every_family(
         assert any("the vision tower is not" in n for n in result.notices)
 
 
+@pytest.mark.parametrize("dtype", ["fp8", "int8"])
+def test_qwen2_5_vl_builds_in_the_calibrated_modes_with_their_searches(
+    models: dict[str, Path], dtype: str, tmp_path: Path
+) -> None:
+    """transformers 5 runs a hub-layout Qwen2.5-VL's `model.layers.*` as
+    `model.language_model.layers.*`: calibration, the recipe's search (on the running model)
+    and convert (on the file) each find the linears under their own names."""
+    from trt_builder.calibrate.stats import load_stats
+    from trt_builder.pipeline.build import run
+    from trt_builder.spec.build import make_spec
+
+    spec = make_spec(model=str(models["qwen2.5-vl"]), dtype=dtype, out=tmp_path / "e",
+                     triton_root=tmp_path / "t", **{"calibrate.samples": 8,
+                     "calibrate.seq_len": 64, "verify.heldout_tokens": 64, "verify.min_top1": 0.0,
+                     "verify.max_kl": 1e6, "verify.max_ppl_delta_pct": 1e6})  # fmt: skip
+    result = run(spec)
+    assert {r.name: r.status for r in result.records} == {
+        "fetch": "ran", "calibrate": "ran", "recipe": "ran", "convert": "ran", "verify": "ran",
+        "engine": "skipped", "package": "ran"}  # fmt: skip
+    calibration = result.layout.calibration(spec.calibrate.slug())
+    assert "model.layers.0.self_attn.q_proj.input_absmax" in load_stats(calibration)
+    running = load_stats(calibration, modules=True)
+    assert "model.language_model.layers.0.self_attn.q_proj.input_absmax" in running
+
+
 @pytest.mark.parametrize(
     ("family", "tp"), [("llama", 2), ("llama", 4), ("qwen2", 2), ("qwen3", 4), ("gpt2", 2)]
 )

@@ -31,6 +31,9 @@ from ..spec.build import CalibrationOptions
 from . import MODEL_HANDOFF
 from .corpus import load_texts, make_samples
 
+#: calibration.safetensors' metadata key: {module path: the file's name} where they differ.
+FILE_NAMES = "file_names"
+
 
 class _Recorder:
     """Forward hooks on the decoder's linear layers (where the family's registry entry says its
@@ -85,6 +88,23 @@ class _Recorder:
         for n, total in self.squares.items():
             out[f"{n}.input_sqmean"] = (total / self.tokens[n]).float().cpu()
         return out
+
+
+def file_names(modules: set[str], files: list[Path], family: Family) -> dict[str, str]:
+    """The checkpoint file's name of each linear in `modules` (transformers module paths) that
+    the files do not name as its module (Family.same_linear: a hub-layout Qwen2.5-VL, the hub's
+    GPT-2); a module matched by none is left out (convert names what it misses)."""
+    from ..checkpoint.safetensors_io import SafetensorsIndex
+
+    weights = [k.removesuffix(".weight") for k in SafetensorsIndex(files).names()
+               if k.endswith(".weight")]  # fmt: skip
+    present = set(weights)
+    out: dict[str, str] = {}
+    for module in sorted(modules - present):
+        found = family.same_linear(module, weights)
+        if found is not None:
+            out[module] = found
+    return out
 
 
 def collect(
@@ -166,9 +186,12 @@ def calibrate(
     model = load_model(hf_dir, device, out_dir / "offload", dtype).eval()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    stats = collect(model, ids, options.batch_size, family_for(read_hf_config(hf_dir)))
+    family = family_for(read_hf_config(hf_dir))
+    stats = collect(model, ids, options.batch_size, family)
+    modules = {k.rsplit(".", 1)[0] for k in stats}
+    names = file_names(modules, sorted(hf_dir.glob("*.safetensors")), family)
     save_file({k: v.contiguous() for k, v in sorted(stats.items())}, str(out_dir / "calibration.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+              metadata={"format": "pt", FILE_NAMES: json.dumps(names, sort_keys=True)})  # fmt: skip
     seconds = round(time.perf_counter() - start, 2)
     summary = {
         **asdict(options),
@@ -191,12 +214,24 @@ def calibrate(
     return summary
 
 
-def load_stats(directory: Path) -> dict[str, torch.Tensor]:
+def load_stats(directory: Path, *, modules: bool = False) -> dict[str, torch.Tensor]:
     """The statistics of a calibration directory, by `<HF linear>.input_absmax`, `.input_sqmean`
-    and `.output_absmax`."""
+    and `.output_absmax`: each linear under the checkpoint file's name of its weight (what
+    convert reads), or with `modules`, under its transformers module path (what runs the model:
+    the recipe's searches)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     path = directory / "calibration.safetensors"
     if not path.is_file():
         raise InputError(f"{directory} holds no calibration: run trt-builder calibrate")
-    return load_file(path)
+    stats = load_file(path)
+    if modules:
+        return stats
+    with safe_open(str(path), "pt") as f:
+        names = json.loads((f.metadata() or {}).get(FILE_NAMES) or "{}")
+    out = {}
+    for key, value in stats.items():
+        module, stat = key.rsplit(".", 1)
+        out[f"{names.get(module, module)}.{stat}"] = value
+    return out

@@ -189,31 +189,6 @@ def _gemm_modules(layers: dict[int, list[TensorRule]]) -> list[str]:
     ]
 
 
-def _under_source_names(
-    stats: dict[str, torch.Tensor], layers: dict[int, list[TensorRule]]
-) -> dict[str, torch.Tensor]:
-    """The statistics, also under the rules' source names where those differ: calibration names
-    the modules of the transformers model (`transformer.h.0.attn.c_attn`), the hub's original
-    GPT-2 files name their tensors without the base model's prefix (`h.0.attn.c_attn.weight`)."""
-    missing = {m for m in _gemm_modules(layers) if f"{m}.input_absmax" not in stats}
-    if not missing:
-        return stats
-    by_suffix: dict[str, list[str]] = {}  # every dotted tail of a calibrated module -> modules
-    for key in stats:
-        module = key.removesuffix(".input_absmax")
-        if module != key:
-            parts = module.split(".")
-            for i in range(1, len(parts)):
-                by_suffix.setdefault(".".join(parts[i:]), []).append(module)
-    out = dict(stats)
-    for m in missing:
-        found = by_suffix.get(m, [])
-        if len(found) == 1:  # else _missing_statistics names it
-            for kind in ("input_absmax", "output_absmax"):
-                out[f"{m}.{kind}"] = stats[f"{found[0]}.{kind}"]
-    return out
-
-
 def plan_job(
     mode: SmoothQuant,
     calibration: Path,
@@ -230,7 +205,6 @@ def plan_job(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     stats = {k: v.to(device) for k, v in load_stats(calibration).items()}
     layers, others = split_layers(rules)
-    stats = _under_source_names(stats, layers)
     _missing_statistics(layers, stats)
     config["quantization"].update(
         quant_algo=mode.quant_algo,

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,20 @@ class Family:
 
 #: HF architecture name -> its family; each family module fills it in when imported.
 REGISTRY: dict[str, Family] = {}
+
+    def same_linear(self, path: str, names: Iterable[str]) -> str | None:
+        """The one name in `names` (outside the vision tower) for the decoder linear at `path`,
+        matched by the path from its decoder layer on (`layers.0.self_attn.q_proj`): a file and
+        the model transformers loads from it may name a linear apart (a hub-layout Qwen2.5-VL's
+        `model.layers.*` runs as `model.language_model.layers.*`; the hub's GPT-2 files name
+        `transformer.h.*` as `h.*`). None where no name, or more than one, matches."""
+        match = re.search(self.decoder_layer, path)
+        if match is None:
+            return None
+        tail = path[match.start() + len(match.group(1)) :]
+        found = [n for n in names if (n == tail or n.endswith("." + tail))
+                 and not n.startswith(self.vision_tower)]  # fmt: skip
+        return found[0] if len(found) == 1 else None
 
 
 def register(*architectures: str) -> Callable[[Family], Family]:

@@ -359,7 +359,8 @@ def search_fp8(
     laps("sample")
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         groups = fp8_groups(model, hf_config, set(index.names()))
-        rounded = round_groups(model, groups, index, load_stats(calibration), fit_ids, choice,
+        stats = load_stats(calibration, modules=True)  # by the running model's paths
+        rounded = round_groups(model, groups, index, stats, fit_ids, choice,
                                batch=batch, device=first, progress=progress)  # fmt: skip
     laps("hessians and rounding")
     sim = Fp8Simulation(model, groups, rounded)

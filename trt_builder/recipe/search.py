@@ -111,7 +111,7 @@ def search(
     )
     scored = choice.tokens // WINDOW
     ids, fit_ids = windows[:scored], windows[scored:]
-    sim = Simulation(model, groups, load_stats(calibration), choice.per_token)
+    sim = Simulation(model, groups, load_stats(calibration, modules=True), choice.per_token)
     with sim.installed():
         progress("fitting alphas per layer and GEMM group")
         fitted, sensitivity = fit_per_layer(sim, fit_ids, choice.grid, batch, first)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..models.family import Family
+from ..models.registry import family_for
 from ..runtimes.int8 import (
     GROUPS,
     group_name,
@@ -65,16 +66,19 @@ def gemm_groups(family: Family, hf_config: dict[str, Any], names: set[str]) -> l
 
 
 def in_model(model: Any, group: Group) -> Group:
-    """The group with its modules named as in `model`: the hub's original GPT-2 files name
-    their tensors without the base model's prefix (`h.0.attn.c_attn`), which transformers adds
-    when it loads them (`transformer.h.0.attn.c_attn`, as calibration names it too)."""
-    prefix = getattr(model, "base_model_prefix", "")
+    """The group with its modules named as in `model`, where the file names them apart
+    (Family.same_linear: the hub's GPT-2 files, `h.0.attn.c_attn`, load as
+    `transformer.h.0.attn.c_attn`; a hub-layout Qwen2.5-VL's `model.layers.*` as
+    `model.language_model.layers.*`), as calibration's `load_stats(modules=True)` names them."""
+    paths: list[str] = []
 
     def path(module: str) -> str:
         try:
             model.get_submodule(module)
         except AttributeError:
-            return f"{prefix}.{module}" if prefix else module
+            if not paths:
+                paths.extend(n for n, _ in model.named_modules())
+            return family_for(model.config.to_dict()).same_linear(module, paths) or module
         return module
 
     return replace(group, modules=tuple(path(m) for m in group.modules))
