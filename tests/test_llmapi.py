@@ -472,6 +472,18 @@ def test_streaming_on_a_plain_repository_is_the_templates_error(served: dict[str
     assert served["plain"].process.poll() is None  # the server goes on
 
 
+def test_an_image_to_a_text_models_repository_is_refused_before_it_is_sent(
+    served: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trt_builder.cli.main import main
+
+    code = main(["infer", "--url", served["plain"].grpc_url, "--prompt", "hi", "--image",
+                 "https://example.com/cat.png"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 3 and "--image: tensorrt_llm declares no image_url input" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def _input(module: Any, name: str, value: np.ndarray, dtype: str) -> Any:
     item = module.InferInput(name, list(value.shape), dtype)
     item.set_data_from_numpy(value)

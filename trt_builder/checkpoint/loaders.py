@@ -23,6 +23,22 @@ first (hf_quant_config.json only without it, and then only with producer name "m
 quant_algo FP8 (and NVFP4; 0.34 more; never W8A16); `weight_scale` and `input_scale` both
 needed (no dynamic fallback); `self_attn.{k,v}_proj.{k,v}_scale` remapped to the attention's
 k_scale / v_scale; FP8 needs compute capability 8.9 (0.10, 0.11; 8.0 in 0.34).
+
+A vision-language checkpoint (Qwen2.5-VL: the language model and the vision tower under the
+hub's names, `visual.*`, `model.layers.*`, `lm_head`):
+- TL `tensorrt_llm/_torch/models/modeling_qwen2vl.py`: ~1.0 to 1.2.0rc1 (c666e7ea, dated by
+  issues #8077 on 1.0.0rc5 and #8569 on 1.2.0rc0) build the vision tower's attention with the
+  checkpoint's quant_config on Hopper (SM < 100) and load it strict, so any quantized
+  Qwen2.5-VL fails there ("Missing key(s) ... visual.blocks.0.attn.qkv_proj.weight_scale", with
+  scales no checkpoint holds); on SM >= 100 they use transformers' tower, unquantized, strict.
+  PR #8680 (merged 2025-10-29, so 1.2.0rc2 on: inferred) resets the tower's quant_config: always
+  unquantized. Every version strips `visual.` (and `model.visual.`, 1.x only) from the tower's
+  names; the language model reads `model.layers.*`. exclude_modules is matched on the language
+  model's modules only, never on the tower.
+- vLLM `models/qwen2_5_vl.py` builds the tower with the quant_config; the exclusion decides:
+  0.10/0.11 read config.json's list only under `exclude_modules` (not `ignore`) and match it as
+  a substring (`visual*` matches nothing there; plain `visual` does); 0.34 also reads `ignore`
+  and fnmatches (`visual*`).
 """
 
 from __future__ import annotations
@@ -32,7 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import UnsupportedModelError
 from ..core.sources import Source
+from ..models.registry import family_for
 from ..spec.gates import modelopt_quantization
 from .safetensors_io import read_header
 
@@ -41,6 +59,14 @@ _LINEAR = Source(TL, "tensorrt_llm/_torch/modules/linear.py", "1.1/1.2 line, 00b
 _MODEL_CONFIG = Source(TL, "tensorrt_llm/_torch/model_config.py", "b35ac1b6 (1.2.0rc2)")
 _VLLM = Source("vllm-project/vllm", "vllm/model_executor/layers/quantization/modelopt.py",
                "0.10.2, 0.11.0, 0.34.0 wheels")  # fmt: skip
+_QWEN_VL = Source(TL, "tensorrt_llm/_torch/models/modeling_qwen2vl.py",
+                  "c666e7ea (~1.0-1.2.0rc1); issues #8569, #8077; PR #8680")  # fmt: skip
+#: Why TensorRT-LLM ~1.0-1.2.0rc1 cannot load a quantized vision-language checkpoint.
+_QUANTIZED_TOWER = (
+    "fail on Hopper (SM < 100): they build Qwen2.5-VL's vision tower with the checkpoint's "
+    "quantization and miss its scales (TensorRT-LLM issues #8569, #8077; fixed by PR #8680, "
+    "1.2.0rc2 on)"
+)
 
 
 @dataclass(frozen=True)
@@ -54,17 +80,34 @@ class LoaderContract:
     kv_scales: bool  # reads k_scale / v_scale for the FP8 KV cache
     input_scale_required: bool
     source: Source
+    #: Why a quantized checkpoint with a vision tower does not load (None: it loads, the tower
+    #: unquantized).
+    quantized_tower: str | None = None
+    #: The key of config.json's quantization_config whose list must name the tower's plain
+    #: prefix for the loader to keep it unquantized (None: it never quantizes the tower).
+    tower_excluded_by: str | None = None
+
+    def refusal(self, quant_algo: str | None, *, tower: bool) -> str | None:
+        """Why this loader does not load a checkpoint of `quant_algo` (with a vision tower
+        where `tower`), in words that follow its name; None where it loads it."""
+        if quant_algo is not None and quant_algo not in self.quant_algos:
+            return f"refuse {quant_algo}"
+        if quant_algo is not None and tower and self.quantized_tower:
+            return self.quantized_tower
+        return None
 
 
 CONTRACTS: dict[str, LoaderContract] = {
     "tensorrt-llm 1.0": LoaderContract("tensorrt-llm 1.0", "inferred", "hf_quant_config.json",
-                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG),
+                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG,
+                                       quantized_tower=_QUANTIZED_TOWER),
     "tensorrt-llm 1.1": LoaderContract("tensorrt-llm 1.1", "read", "hf_quant_config.json",
-                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG),
+                                       ("FP8", "W8A16"), False, False, _MODEL_CONFIG,
+                                       quantized_tower=_QUANTIZED_TOWER),
     "tensorrt-llm 1.2": LoaderContract("tensorrt-llm 1.2", "read", "hf_quant_config.json",
                                        ("FP8", "W8A16"), False, False, _LINEAR),
     "vllm 0.10-0.34": LoaderContract("vllm 0.10-0.34", "read", "config.json", ("FP8",), True,
-                                     True, _VLLM),
+                                     True, _VLLM, tower_excluded_by="exclude_modules"),
 }  # fmt: skip
 
 #: The linears each loader quantizes in a Llama-shaped layer (Hugging Face names).
@@ -103,7 +146,7 @@ def check_unified(directory: Path, contract: LoaderContract) -> list[str]:
             f"FP8 weights but no quantization {contract.loader} reads ({contract.reads_quant_from})"
         ]
     if quant is None:
-        return []
+        return _tower(config, header, None, contract)
     algo, kv = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     if algo not in contract.quant_algos:
         problems.append(
@@ -151,4 +194,41 @@ def check_unified(directory: Path, contract: LoaderContract) -> list[str]:
         got = header.get(name)
         if got is not None and got["dtype"] == "F8_E4M3":
             problems.append(f"{name} is FP8: every loader keeps it in the model dtype")
+    return problems + _tower(config, header, algo, contract)
+
+
+#: Safetensors dtypes of quantized values: none belongs in a vision tower.
+_QUANTIZED = ("F8_E4M3", "I8", "U8")
+
+
+def _tower(
+    config: dict[str, Any], header: dict[str, Any], algo: str | None, contract: LoaderContract
+) -> list[str]:
+    """The vision tower's part of a quantized checkpoint: whole, under the hub's prefix,
+    unquantized and without scales (Blackwell's 1.x tower loads strict), loadable by the
+    release, and kept out of the loader's quantization where the list decides it."""
+    try:
+        prefixes = family_for(config).vision_tower
+    except UnsupportedModelError:  # another producer's model: no tower trt-builder knows
+        return []
+    if not prefixes:
+        return []
+    hub = prefixes[0]
+    names = [n for n in header if n.startswith(prefixes)]
+    if not names:
+        return [f"no {hub}* tensors: {contract.loader} loads the whole model, its vision tower too"]
+    problems = [f"{n}: the tower's tensors go under {hub} (the hub's name)"
+                for n in names if not n.startswith(hub)]  # fmt: skip
+    problems += [f"{n} is quantized ({header[n]['dtype']}): the tower stays in the model dtype "
+                 f"({_QWEN_VL})" for n in names
+                 if header[n]["dtype"] in _QUANTIZED or n.endswith("_scale")]  # fmt: skip
+    if algo is not None and contract.quantized_tower:
+        problems.append(f"{contract.loader}: {contract.quantized_tower} ({_QWEN_VL})")
+    plain = hub.rstrip(".")
+    listed = (config.get("quantization_config") or {}).get(contract.tower_excluded_by or "")
+    if algo is not None and contract.tower_excluded_by and plain not in (listed or []):
+        problems.append(
+            f"config.json's quantization_config.{contract.tower_excluded_by} does not list "
+            f"{plain!r}: {contract.loader} quantizes the vision tower ({contract.source})"
+        )
     return problems

@@ -15,6 +15,12 @@ The format (docs/llmapi.md has the per-release table and its sources):
   `config.json` carries the same as `quantization_config` (`"quant_method": "modelopt"`), the
   key vLLM and transformers read.
 
+A vision-language model (Qwen2.5-VL) is written whole, as the PyTorch backend serves it: the
+language model as above, the vision tower copied from the source unquantized in the checkpoint's
+dtype under the hub's names (`visual.*`; checkpoint/loaders.py has what each loader reads),
+and listed in exclude_modules as modelopt lists it (`visual*`) and plainly (`visual`, which
+vLLM 0.10-0.11 match as a substring). read_unified reads the language model alone.
+
 q, k and v (and gate and up) are written with one weight scale, the larger, as the engine
 checkpoint holds them: both loaders fuse those GEMMs and requantize each shard to the largest
 scale of the group (TensorRT-LLM's FP8QDQLinearMethod, vLLM's requantize_with_max_scale), so a
@@ -37,6 +43,7 @@ from ..models.registry import family_for
 from ..spec.gates import hf_quantization
 from .config import engine_config
 from .fp8 import E4M3, to_e4m3
+from .safetensors_io import SafetensorsIndex
 from .weight_only import WEIGHT_ONLY_LINEARS, quantize_rows
 
 #: The weights file written; its quantization file.
@@ -109,13 +116,44 @@ def hf_tensors(
     return {**out, **kv_scales}
 
 
+def vision_tensors(
+    index: SafetensorsIndex, prefixes: tuple[str, ...], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """The vision tower's tensors of the source `index` (those under `prefixes`, a family's
+    `vision_tower`), unquantized in `dtype`, under the hub's prefix `prefixes[0]`
+    (transformers 4.52-4.57 saved Qwen2.5-VL's as `model.visual.`, which TensorRT-LLM main
+    does not rename for it)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in index.names():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is not None:
+            tensor = index.read(name)
+            kind = dtype if tensor.is_floating_point() else tensor.dtype
+            out[prefixes[0] + name.removeprefix(prefix)] = tensor.to(kind, copy=True)
+    return out
+
+
+def tower_exclusions(prefixes: tuple[str, ...]) -> list[str]:
+    """exclude_modules' entries for a vision tower: modelopt's `visual*` and the plain prefix
+    (vLLM 0.10-0.11 match entries as substrings, so `visual*` matches nothing there)."""
+    plain = prefixes[0].rstrip(".")
+    return [f"{plain}*", plain]
+
+
 def quantization(
-    quant_algo: str | None, kv_cache_quant_algo: str | None, exclude_modules: list[str]
+    quant_algo: str | None,
+    kv_cache_quant_algo: str | None,
+    exclude_modules: list[str],
+    *,
+    tower: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(hf_quant_config.json, config.json's quantization_config) of a quantized checkpoint, as
     modelopt 0.47's export_hf_checkpoint writes them for FP8; None for a float one. The
     producer is trt-builder: TensorRT-LLM does not read it, and vLLM reads config.json's
-    quantization_config first (its hf_quant_config.json path alone asks for modelopt)."""
+    quantization_config first (its hf_quant_config.json path alone asks for modelopt). With a
+    vision `tower`, config.json lists the exclusions under `exclude_modules` too: vLLM
+    0.10-0.11 read that key there, not `ignore` (the language model's lm_head and embedding
+    are never quantized there, so without a tower the file stays modelopt's)."""
     if quant_algo is None:  # TensorRT-LLM's LLM API refuses a pre-quantized one without it
         return None
     from .. import __version__
@@ -136,6 +174,8 @@ def quantization(
             "group_0": {"input_activations": fp8, "weights": fp8, "targets": ["Linear"]}
         }
     config.update(ignore=exclude_modules, quant_algo=quant_algo)
+    if tower:
+        config["exclude_modules"] = exclude_modules
     if kv_cache_quant_algo == "FP8":
         config["kv_cache_scheme"] = fp8
     config.update(producer=producer, quant_method="modelopt")
@@ -154,8 +194,8 @@ def _weight_files(directory: Path) -> list[Path]:
 
 
 def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(TensorRT-LLM config, TP=1 tensors) of a Hugging Face checkpoint, as the PyTorch backend
-    would run it: fused q/k/v and gate/up whose shards have different weight scales are
+    """(TensorRT-LLM config, TP=1 tensors) of a Hugging Face checkpoint's language model (a
+    vision tower is not read), as the PyTorch backend would run it: fused q/k/v and gate/up whose shards have different weight scales are
     requantized to the largest (TensorRT-LLM's FP8QDQLinearMethod), the fused input scale is
     the largest, and the FP8 KV cache's scale is 1.0: TensorRT-LLM's PyTorch backend does not
     read k_scale and v_scale (docs/llmapi.md)."""
@@ -164,7 +204,8 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     stored: dict[str, torch.Tensor] = {}
     for path in _weight_files(directory):
         with safe_open(str(path), framework="pt") as fh:
-            stored.update({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
+            names = [n for n in fh.keys() if not n.startswith(family.vision_tower)]  # noqa: SIM118
+            stored.update({name: fh.get_tensor(name) for name in names})
     quant = hf_quantization(directory, hf_config)
     rules = list(family.tensors(hf_config, set(stored)))
     tensors: dict[str, torch.Tensor] = {}

@@ -410,6 +410,8 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
               help="grpc://HOST:8001 (gRPC; needed for --stream) or http://HOST:8000.")  # fmt: skip
 @click.option("--prompt", help="Plain text (the ensemble's text_input).")
 @click.option("--messages", help='A chat as JSON, or @FILE: [{"role": "user", "content": "..."}].')
+@click.option("--image", help="An image URL, for an llmapi repository of a vision-language "
+              "model (its image_url input).")  # fmt: skip
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float)
 @click.option("--top-k", type=int)
@@ -426,7 +428,8 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
     "--timeout", type=float, default=60.0, show_default=True, help="Seconds per response."
 )
 @options.apply(options.OUTPUT_OPTIONS)
-def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens: int,
+def infer_command(url: str, prompt: str | None, messages: str | None, image: str | None,
+                  max_tokens: int,
                   temperature: float | None, top_k: int | None, top_p: float | None,
                   seed: int | None, stream: bool, model: str | None, timeout: float,
                   as_json: bool) -> None:  # fmt: skip
@@ -456,7 +459,8 @@ def infer_command(url: str, prompt: str | None, messages: str | None, max_tokens
             ) from None
     sampling = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                                   ("seed", seed)) if v is not None}  # fmt: skip
-    request = client.Request(prompt=prompt, messages=chat, max_tokens=max_tokens, sampling=sampling)
+    request = client.Request(prompt=prompt, messages=chat, max_tokens=max_tokens,
+                             sampling=sampling, image=image)  # fmt: skip
     if stream:
         pieces = []
         if model is None and not url.startswith(("http://", "https://")):

@@ -6,7 +6,9 @@ what each loader reads, per release).
 Beside the weights: config.json (the model's, with the checkpoint's dtype, the quantization
 as `quantization_config`, and the keys transformers 4.57 reads: source/portable.py),
 hf_quant_config.json for a quantized one, the tokenizer's files and generation_config.json
-(`LLM(model=dir)` loads the tokenizer from the same directory), and the recipe after a search.
+(`LLM(model=dir)` loads the tokenizer from the same directory), a vision-language model's
+processor files (`LLM()` builds its AutoProcessor at start), and the recipe after a search.
+A vision-language model's vision tower is copied from the source, unquantized.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ from safetensors.torch import save_file
 from ..calibrate.stats import load_stats
 from ..checkpoint.loaders import CONTRACTS, check_unified
 from ..checkpoint.reader import read_checkpoint
-from ..checkpoint.unified import HF_QUANT, KV_SCALES, WEIGHTS, hf_tensors, quantization
+from ..checkpoint.unified import (
+    HF_QUANT,
+    KV_SCALES,
+    WEIGHTS,
+    hf_tensors,
+    quantization,
+    tower_exclusions,
+    vision_tensors,
+)
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
-from ..models.family import TensorRule
-from ..source.files import TOKENIZER_FILES, read_hf_config
+from ..models.family import Family, TensorRule
+from ..source.files import PROCESSOR_FILES, TOKENIZER_FILES, read_hf_config
 from ..source.portable import copy_portable, portable_config
 from ..spec.modes import QuantMode, SmoothQuant
 from .kvcache import kv_amax, qkv_ranges
@@ -79,7 +89,7 @@ def convert_llmapi(
                             recipe=recipe)  # fmt: skip
     config, tensors = read_checkpoint(engine_dir)
     family, _, rules, index, _ = plan_conversion(hf_dir, mode)
-    index.close()
+    tower = family.vision_tower
     quant = config["quantization"]
     extra = {}
     if quant.get("kv_cache_quant_algo") == "FP8":
@@ -87,31 +97,31 @@ def convert_llmapi(
         extra = kv_scales(calibration, rules, config)
     weight_only = torch_dtype(config["dtype"]) if quant["quant_algo"] == "W8A16" else None
     written = hf_tensors(tensors, rules, extra, weight_only)
+    written.update(vision_tensors(index, tower, torch_dtype(config["dtype"])) if tower else {})
+    index.close()
     save_file(written, str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    del written
     hf_config = portable_config(read_hf_config(hf_dir))
-    hf_config["dtype"] = hf_config["torch_dtype"] = config["dtype"]
+    for part in (hf_config, *(hf_config.get(k) for k in ("text_config", "vision_config"))):
+        if isinstance(part, dict):  # TensorRT-LLM reads the text_config's of a VL model
+            part["dtype"] = part["torch_dtype"] = config["dtype"]
     hf_config.pop("quantization_config", None)
     embedding = next(r for r in rules if r.name == "transformer.vocab_embedding.weight")
     excluded = ["lm_head", embedding.sources[0].removesuffix(".weight")]
-    files = quantization(quant["quant_algo"], quant["kv_cache_quant_algo"], excluded)
+    excluded += tower_exclusions(tower) if tower else []
+    files = quantization(quant["quant_algo"], quant["kv_cache_quant_algo"], excluded,
+                         tower=bool(tower))  # fmt: skip
     if files is not None:
         hf_quant, hf_config["quantization_config"] = files
         (out_dir / HF_QUANT).write_text(json.dumps(hf_quant, indent=2) + "\n")
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, *PROCESSOR_FILES):
         if (hf_dir / name).is_file():
             copy_portable(hf_dir / name, out_dir / name)
     if (engine_dir / "recipe.json").is_file():
         shutil.copy2(engine_dir / "recipe.json", out_dir / "recipe.json")
     shutil.rmtree(engine_dir)
-    loaders = [c for c in CONTRACTS.values() if quant["quant_algo"] in (None, *c.quant_algos)]
-    for contract in loaders:  # a converter bug, caught before anyone loads it
-        problems = check_unified(out_dir, contract)
-        if problems:
-            raise ConversionError(
-                f"the llmapi checkpoint does not conform to {contract.loader}: {problems[0]} "
-                f"({len(problems)} problems)"
-            )
+    loaders = check_loaders(out_dir, quant["quant_algo"], tower=bool(tower))
     summary.update(
         format="huggingface",
         target="llmapi",
@@ -119,12 +129,49 @@ def convert_llmapi(
         tp=1,
         pp=1,
         family=family.name,
-        loaders=[c.loader for c in loaders],
+        loaders=loaders,
+        notes=llmapi_notes(summary.get("notes", []), family, hf_dir, quant["quant_algo"], loaders),
     )
-    if len(loaders) < len(CONTRACTS):
-        refused = sorted(set(CONTRACTS) - {c.loader for c in loaders})
-        summary.setdefault("notes", []).append(
-            f"the {quant['quant_algo']} llmapi checkpoint loads in {', '.join(c.loader for c in loaders)}; "
-            f"{', '.join(refused)} refuse {quant['quant_algo']}"
-        )
     return summary
+
+
+def check_loaders(out_dir: Path, quant_algo: str | None, *, tower: bool) -> list[str]:
+    """The loaders that load the checkpoint in `out_dir` (checkpoint/loaders.py), each checked
+    against it: a problem is a converter bug, caught before anyone loads it."""
+    loaders = [c for c in CONTRACTS.values() if c.refusal(quant_algo, tower=tower) is None]
+    for contract in loaders:
+        problems = check_unified(out_dir, contract)
+        if problems:
+            raise ConversionError(
+                f"the llmapi checkpoint does not conform to {contract.loader}: {problems[0]} "
+                f"({len(problems)} problems)"
+            )
+    return [c.loader for c in loaders]
+
+
+def llmapi_notes(
+    notes: list[str], family: Family, hf_dir: Path, quant_algo: str | None, loaders: list[str]
+) -> list[str]:
+    """What to tell the user: the family's llmapi notes in place of its engine ones, a missing
+    processor, and which loaders refuse the checkpoint and why (grouped by reason)."""
+    tower = bool(family.vision_tower)
+    if family.llmapi_notes is not None:
+        notes = [n for n in notes if n not in family.notes] + list(family.llmapi_notes)
+    if tower and not (hf_dir / "preprocessor_config.json").is_file():
+        notes.append(
+            "the model has no preprocessor_config.json, so none is in the checkpoint: "
+            "TensorRT-LLM's LLM() and vLLM build the model's processor from it at start and "
+            "fail without it (the reference backend serves text): add the model's processor "
+            "files to its directory and rebuild"
+        )
+    refused: dict[str, list[str]] = {}
+    for contract in CONTRACTS.values():
+        why = contract.refusal(quant_algo, tower=tower)
+        if why is not None:
+            refused.setdefault(why, []).append(contract.loader)
+    if refused:
+        notes.append(
+            f"the {quant_algo} llmapi checkpoint loads in {', '.join(loaders)}; "
+            + "; ".join(f"{', '.join(names)} {why}" for why, names in refused.items())
+        )
+    return notes

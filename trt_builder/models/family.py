@@ -60,8 +60,10 @@ class Family:
       it is (TensorRT-LLM's PyTorch backend has a model for the family).
     - `decoder_layer`: a regex that matches the transformers module path of one decoder layer
       (calibration hooks the linears under it); `vision_tower`: module-path prefixes of a vision
-      tower, which is neither converted nor calibrated.
-    - `notes`: said to the user on every conversion; `advice`: notes that depend on the config.
+      tower, which is neither converted nor calibrated (the llmapi target copies it, under the
+      first prefix: the hub checkpoint's name).
+    - `notes`: said to the user on every conversion; `llmapi_notes`: said instead on an llmapi
+      conversion (None: `notes`); `advice`: notes that depend on the config.
     """
 
     name: str
@@ -77,6 +79,7 @@ class Family:
     decoder_layer: str = r"(^|\.)layers\.\d+\."
     vision_tower: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    llmapi_notes: tuple[str, ...] | None = None
     advice: Callable[[dict[str, Any]], list[str]] = _no_advice
 
     def __post_init__(self) -> None:
@@ -89,10 +92,6 @@ class Family:
 
     def is_ignored(self, name: str) -> bool:
         return any(name.startswith(p) or name.endswith(p) for p in self.ignored)
-
-
-#: HF architecture name -> its family; each family module fills it in when imported.
-REGISTRY: dict[str, Family] = {}
 
     def same_linear(self, path: str, names: Iterable[str]) -> str | None:
         """The one name in `names` (outside the vision tower) for the decoder linear at `path`,
@@ -107,6 +106,10 @@ REGISTRY: dict[str, Family] = {}
         found = [n for n in names if (n == tail or n.endswith("." + tail))
                  and not n.startswith(self.vision_tower)]  # fmt: skip
         return found[0] if len(found) == 1 else None
+
+
+#: HF architecture name -> its family; each family module fills it in when imported.
+REGISTRY: dict[str, Family] = {}
 
 
 def register(*architectures: str) -> Callable[[Family], Family]:

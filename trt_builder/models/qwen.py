@@ -110,12 +110,15 @@ QWEN2_5_VL = register("Qwen2_5_VLForConditionalGeneration")(
         config=qwen2_5_vl_config,
         tensors=qwen2_5_vl_tensors,
         ignored=("rotary_emb.inv_freq", "visual.", "model.visual."),
-        vision_tower=("visual.", "model.visual."),
-        no_llmapi="the llmapi target keeps Qwen2.5-VL's vision tower, which is not written yet: "
-        "use --target engine (the language model alone)",
+        vision_tower=("visual.", "model.visual."),  # the hub's, then transformers 4.52-4.57's
         notes=(
             "Qwen2.5-VL: only the language model is converted (as a Qwen2 decoder, text input); "
             "the vision tower is not, and TensorRT-LLM <= 1.2 has no engine for it",
+        ),
+        llmapi_notes=(
+            "Qwen2.5-VL: the whole model is written, the vision tower unquantized in the "
+            "checkpoint's dtype; verify and the reference backend run the language model "
+            "(text input), TensorRT-LLM's llmapi model serves images",
         ),
     )
 )

@@ -24,12 +24,23 @@ TOKENIZER_FILES = (
 )
 
 
+#: A vision-language model's processor files: `AutoProcessor.from_pretrained` (which
+#: TensorRT-LLM's `LLM()` and vLLM run at start for Qwen2.5-VL) needs preprocessor_config.json;
+#: the chat template is among the tokenizer's files.
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+)
+
+
 #: At least one of these: the tokenizer itself.
 TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 #: Files kept from a model repo; weights are safetensors unless pickles are explicitly allowed.
-KEEP_PATTERNS = ("config.json", *TOKENIZER_FILES, "*.safetensors", "model.safetensors.index.json")
+KEEP_PATTERNS = ("config.json", *TOKENIZER_FILES, *PROCESSOR_FILES, "*.safetensors",
+                 "model.safetensors.index.json")  # fmt: skip
 
 
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")

@@ -3,7 +3,8 @@ does. trt-builder runs transformers 5; TensorRT-LLM 1.2 pins transformers 4.57.1
 (requirements.txt), and the NGC containers ship it. Files saved by transformers 5 (the embedded
 default model's, dequantized from its GGUF; any model saved with it since) read wrong there:
 - config.json: transformers 5 writes the RoPE base only inside `rope_parameters`; 4.57 reads
-  `rope_theta` and `rope_scaling`, and without them runs SmolLM2 at base 10000, not 100000;
+  `rope_theta` and `rope_scaling`, and without them runs SmolLM2 at base 10000, not 100000,
+  and Qwen2.5-VL without its M-RoPE section (`rope_scaling.mrope_section`, a TypeError);
   it writes `dtype`, which 4.57 reads as `torch_dtype`;
 - tokenizer_config.json: `"tokenizer_class": "TokenizersBackend"`, a class 4.57 does not have
   ("Tokenizer class TokenizersBackend does not exist"): the Triton tokenizer models and
@@ -38,6 +39,9 @@ def portable_config(config: dict[str, Any]) -> dict[str, Any]:
             out.setdefault("rope_theta", params["rope_theta"])
         if params.get("rope_type", "default") != "default" and not out.get("rope_scaling"):
             out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+        elif "mrope_section" in params and not out.get("rope_scaling"):
+            # Qwen2.5-VL's M-RoPE: 4.57 reads the section from rope_scaling, as the hub's file has it
+            out["rope_scaling"] = {"type": "mrope", "mrope_section": params["mrope_section"]}
     if isinstance(out.get("text_config"), dict):
         out["text_config"] = portable_config(out["text_config"])
     return out

@@ -23,6 +23,7 @@ class Request:
     messages: list[dict[str, Any]] | None = None
     max_tokens: int = 64
     sampling: dict[str, float | int] = field(default_factory=dict)  # temperature, top_k, ...
+    image: str | None = None  # an image URL: the llmapi model's image_url (vision-language)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -81,6 +82,12 @@ def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
     def tensor(name: str, value: Any, dtype: str) -> Any:
         return _tensor(module, name, value, dtype)
 
+    if request.image is not None:
+        raise InputError(
+            "--image: the engine target's ensemble takes text only (TensorRT-LLM <= 1.2 builds "
+            "no engine for a vision tower); an llmapi repository of a vision-language model "
+            "takes images"
+        )
     text = (
         ("text_input", request.prompt.encode())
         if request.prompt is not None
@@ -132,9 +139,23 @@ def _llmapi_inputs(module: Any, request: Request, stream: bool) -> list[Any]:
     ]
     for name, value in request.sampling.items():
         items.append(tensor(_LLMAPI_SAMPLING[name], value, _SAMPLING[name]))
+    if request.image is not None:
+        items.append(tensor("image_url", request.image.encode(), "BYTES"))
     if stream:
         items.append(tensor("streaming", True, "BOOL"))
     return items
+
+
+def _check_image(client: Any, model: str, request: Request) -> None:
+    """An image goes only to a model that declares image_url (InputError otherwise)."""
+    if request.image is None or model != LLMAPI_MODEL:
+        return
+    metadata = client.get_model_metadata(model)
+    inputs = metadata.inputs if hasattr(metadata, "inputs") else metadata.get("inputs", [])
+    if "image_url" not in {i.name if hasattr(i, "name") else i.get("name") for i in inputs}:
+        raise InputError(
+            f"--image: {model} declares no image_url input: this repository is a text model's"
+        )
 
 
 def _text(result: Any) -> str:
@@ -154,6 +175,7 @@ def generate(url: str, request: Request, *, model: str | None = None, timeout: f
     ]
     llmapi = model == LLMAPI_MODEL if model is not None else is_llmapi(client)
     model = model or (LLMAPI_MODEL if llmapi else "ensemble")
+    _check_image(client, model, request)
     inputs = (_llmapi_inputs if llmapi else _inputs)(module, request, False)
     try:
         extra = {"client_timeout": timeout} if grpc else {}
@@ -194,6 +216,7 @@ def stream(
     module, client, _ = connect(url, timeout=timeout)
     model = model or stream_model(client)
     llmapi = model == LLMAPI_MODEL
+    _check_image(client, model, request)
     inputs = (_llmapi_inputs if llmapi else _inputs)(module, request, True)
     sent = ""
     for result in stream_results(client, model, inputs, timeout=timeout):

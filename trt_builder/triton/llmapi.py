@@ -2,20 +2,26 @@
 TensorRT-LLM's `triton_backend/all_models/llmapi/` template (docs/llmapi.md): `config.pbtxt`,
 `1/model.py`, `1/model.yaml` (its keys are `LLM()` arguments, and `triton_config`), and the
 Hugging Face checkpoint it names (`1/checkpoint/`). Text in, text out: no tokenizer models, no
-ensemble.
+ensemble; a vision-language checkpoint's repository also declares main's optional `image_url`
+input and sets `triton_config.multimodal` (TensorRT-LLM's model.py on main reads both; 1.2.1's
+declares no image input and reads neither), which the reference backend refuses.
 
 The configs are written complete (upstream's launch_triton_server.py starts tritonserver with
 --disable-auto-complete-config, so config.pbtxt cannot rely on model.py's auto-completion):
 no max_batch_size (upstream's model.py takes one prompt per request, batching in flight), the
-transaction policy in both files, agreeing. model.py here is trt-builder's reference backend
-(python_models/llmapi.py): where TensorRT-LLM is not installed it answers the template's
-contract with the checkpoint runtime, and says it is a PyTorch reference.
+transaction policy in both files, agreeing. model.py is TensorRT-LLM's own ([triton] backend
+tensorrtllm, or auto where TensorRT-LLM is installed): model.py and helpers.py are links to
+the template where the NGC container keeps it (TEMPLATE), so the repository runs the release
+the container ships; or trt-builder's reference backend (python_models/llmapi.py), which
+answers the template's contract with the checkpoint runtime where TensorRT-LLM is not
+installed, and says it is a PyTorch reference.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,13 +30,15 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..core.errors import PackageError
+from ..core.errors import PackageError, UnsupportedModelError
 from ..core.fsio import link_or_copy
+from ..models.registry import family_for
 
 #: (name, data type, dims, optional): the template's tensors as TensorRT-LLM 1.2.1 ships them
 #: (triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt@c8c6df08; issue
 #: triton-inference-server/server#8945 lists the same inputs for v1.2.1). main added lora_* and
-#: image_url inputs after 1.2.1 (PRs #14079, #18381), not written here.
+#: image_url inputs after 1.2.1 (PRs #14079, #18381): lora_* are not written here, image_url
+#: only for a vision-language checkpoint (IMAGE_IN).
 LLMAPI_IN: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
     ("text_input", "TYPE_STRING", (-1,), False),
     ("streaming", "TYPE_BOOL", (1,), True),
@@ -50,6 +58,9 @@ LLMAPI_IN: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
     ("return_cumulative_logprob", "TYPE_BOOL", (1,), True),
     ("stop", "TYPE_BOOL", (1,), True),
 )
+#: main's image input (config.pbtxt@0a71057313ec, PR #18381): one URL (http(s) or data:) per
+#: image, read by its model.py where model.yaml sets triton_config.multimodal.
+IMAGE_IN = ("image_url", "TYPE_STRING", (-1,), True)
 LLMAPI_OUT: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("text_output", "TYPE_STRING", (-1,)),
     ("finish_reason", "TYPE_STRING", (-1,)),
@@ -77,6 +88,11 @@ MODEL = "tensorrt_llm"
 #: What the reference backend says it is, in its config and wherever it is named.
 REFERENCE = "trt-builder reference backend (llmapi contract): a PyTorch reference, not TensorRT-LLM"
 CHECKPOINT = "checkpoint"
+#: Where the NGC container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3) keeps the
+#: template's model (Triton's own tutorials copy the repository from /app/all_models/llmapi/):
+#: a repository for TensorRT-LLM's own model links its model.py and helpers.py there.
+TEMPLATE = "/app/all_models/llmapi/tensorrt_llm/1"
+TEMPLATE_FILES = ("model.py", "helpers.py")
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,7 @@ class LlmapiOptions:
     decoupled: bool = False
     kv_cache_free_gpu_mem_fraction: float = 0.9
     backend: str = "reference"
+    images: bool = False  # a vision-language checkpoint: image_url and triton_config.multimodal
 
 
 def llmapi_config(opts: LlmapiOptions) -> mc.ModelConfig:
@@ -105,7 +122,7 @@ def llmapi_config(opts: LlmapiOptions) -> mc.ModelConfig:
         instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
         model_transaction_policy=mc.ModelTransactionPolicy(decoupled=opts.decoupled),
     )
-    for name, dtype, dims, optional in LLMAPI_IN:
+    for name, dtype, dims, optional in LLMAPI_IN + ((IMAGE_IN,) if opts.images else ()):
         config.input.append(mc.ModelInput(name=name, data_type=mc.DataType.Value(dtype),
                                           dims=list(dims), optional=optional))  # fmt: skip
     for name, dtype, dims in LLMAPI_OUT:
@@ -129,7 +146,11 @@ def model_yaml(opts: LlmapiOptions) -> dict[str, Any]:
         "max_num_tokens": opts.max_num_tokens,
         "max_seq_len": opts.max_seq_len,
         "kv_cache_config": {"free_gpu_memory_fraction": opts.kv_cache_free_gpu_mem_fraction},
-        "triton_config": {"max_batch_size": 0, "decoupled": opts.decoupled},
+        "triton_config": {
+            "max_batch_size": 0,
+            "decoupled": opts.decoupled,
+            **({"multimodal": True} if opts.images else {}),
+        },
     }
 
 
@@ -164,17 +185,16 @@ def write_llmapi_repository(work: Path, opts: LlmapiOptions, checkpoint: Path, i
     """Write the repository into `work` (the caller publishes it): the model at version
     `opts.version`, the checkpoint beside model.py (hard links where it can), the INFO file
     (`info`: its name), then validate it."""
-    if opts.backend != "reference":
-        raise PackageError(
-            "the llmapi repository's model.py is trt-builder's reference backend; a repository "
-            "for TensorRT-LLM's own llmapi model.py is not written yet: package with "
-            "--backend reference (or auto)"
-        )
+    opts = replace(opts, images=takes_images(checkpoint))
     version = work / MODEL / str(opts.version)
     version.mkdir(parents=True)
     (work / MODEL / "config.pbtxt").write_text(text_format.MessageToString(llmapi_config(opts)))
-    models = resources.files("trt_builder.triton") / "python_models"
-    (version / "model.py").write_text((models / "llmapi.py").read_text())
+    if opts.backend == "tensorrtllm":  # TensorRT-LLM's own model, where the container has it
+        for name in TEMPLATE_FILES:
+            (version / name).symlink_to(f"{TEMPLATE}/{name}")
+    else:
+        models = resources.files("trt_builder.triton") / "python_models"
+        (version / "model.py").write_text((models / "llmapi.py").read_text())
     (version / "model.yaml").write_text(yaml.safe_dump(model_yaml(opts), sort_keys=False))
     (version / SERVE_OPTIONS).write_text(yaml.safe_dump(serve_options(opts), sort_keys=False))
     for path in sorted(checkpoint.iterdir()):
@@ -185,11 +205,33 @@ def write_llmapi_repository(work: Path, opts: LlmapiOptions, checkpoint: Path, i
     validate_llmapi(work)
 
 
+def takes_images(checkpoint: Path) -> bool:
+    """Whether the Hugging Face checkpoint in `checkpoint` is a vision-language model's (its
+    family has a vision tower, which the llmapi target writes)."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())
+        return bool(family_for(config).vision_tower)
+    except (OSError, ValueError, UnsupportedModelError):
+        return False
+
+
+def uses_template(version: Path) -> bool:
+    """Whether the repository version `version` runs TensorRT-LLM's own llmapi model (its
+    model.py a link to the container's template), not the reference backend."""
+    return (version / "model.py").is_symlink()
+
+
+def template_here() -> bool:
+    """Whether this host has the template where the container keeps it."""
+    return all(Path(TEMPLATE, name).is_file() for name in TEMPLATE_FILES)
+
+
 def validate_llmapi(root: Path) -> mc.ModelConfig:
     """The llmapi repository against the template's contract: config.pbtxt parses with Triton's
-    schema and declares the template's tensors; model.yaml holds only known keys and agrees
-    with it on the transaction policy; no batch dimension (model.py takes 1-D text_input);
-    the checkpoint it names is whole where it lies in this repository."""
+    schema and declares the template's tensors (and main's optional image_url, with
+    model.yaml's triton_config.multimodal, for a vision-language checkpoint); model.yaml holds
+    only known keys and agrees with it on the transaction policy; no batch dimension (model.py
+    takes 1-D text_input); the checkpoint it names is whole where it lies in this repository."""
     path = root / MODEL / "config.pbtxt"
     config = mc.ModelConfig()
     try:
@@ -204,17 +246,31 @@ def validate_llmapi(root: Path) -> mc.ModelConfig:
             "request): repackage it"
         )
     have = {t.name: (mc.DataType.Name(t.data_type), tuple(t.dims)) for t in config.input}
-    for name, dtype, dims, _ in LLMAPI_IN:
-        if have.get(name) != (dtype, dims):
-            raise PackageError(
-                f"{MODEL}: input {name} is {have.get(name)}, the template's is {(dtype, dims)}"
-            )
     versions = sorted(int(p.name) for p in (root / MODEL).iterdir() if p.name.isdigit())
     if not versions:
         raise PackageError(f"model {MODEL}: no version directory (e.g. {MODEL}/1/)")
     latest = root / MODEL / str(versions[-1])
+    images = takes_images(latest / CHECKPOINT) or IMAGE_IN[0] in have
+    for name, dtype, dims, _ in LLMAPI_IN + ((IMAGE_IN,) if images else ()):
+        if have.get(name) != (dtype, dims):
+            raise PackageError(
+                f"{MODEL}: input {name} is {have.get(name)}, the template's is {(dtype, dims)}"
+            )
+    if uses_template(latest):
+        for name in TEMPLATE_FILES:
+            if (
+                not (latest / name).is_symlink()
+                or os.readlink(latest / name) != f"{TEMPLATE}/{name}"
+            ):
+                raise PackageError(
+                    f"model {MODEL}: {latest.name}/{name} must link to {TEMPLATE}/{name} (the "
+                    "NGC container's template): repackage it"
+                )
+        if "implementation" in config.parameters:
+            raise PackageError(f"model {MODEL}: the reference backend's parameters on "
+                               "TensorRT-LLM's own model: repackage it")  # fmt: skip
     for name in ("model.py", "model.yaml"):
-        if not (latest / name).is_file():
+        if not (latest / name).is_file() and not (latest / name).is_symlink():
             raise PackageError(f"model {MODEL}: {latest.name}/{name} is missing: repackage it")
     try:
         found = yaml.safe_load((latest / "model.yaml").read_text())
@@ -223,6 +279,15 @@ def validate_llmapi(root: Path) -> mc.ModelConfig:
     unknown = sorted(set(found or {}) - set(YAML_KEYS))
     if not isinstance(found, dict) or unknown or "model" not in found:
         raise PackageError(f"{MODEL}/{latest.name}/model.yaml: unknown keys {unknown} or no model")
+    if images and not (
+        next(t for t in config.input if t.name == IMAGE_IN[0]).optional
+        and (found.get("triton_config") or {}).get("multimodal")
+    ):
+        raise PackageError(
+            f"{MODEL}: image_url must be optional (text-only requests omit it) and model.yaml's "
+            "triton_config must set multimodal: true (main's model.py ignores images without "
+            "it): repackage it"
+        )
     decoupled = bool((found.get("triton_config") or {}).get("decoupled"))
     if decoupled != config.model_transaction_policy.decoupled:
         raise PackageError(

@@ -13,7 +13,8 @@ streamed response carries the whole text so far (main's behaviour; 1.2.x sends o
 an error is text_output "N/A" with the error set. Without temperature, top_k or top_p it
 decodes greedily, as TensorRT-LLM's sampling defaults do. finish_reason and stop_reason are
 sent when asked for; cumulative_logprob and the perf metrics are not (the reference computes
-neither).
+neither). It runs the language model only: a request with `image_url` (main's image input,
+declared for a vision-language checkpoint) is refused on the error path, saying so.
 """
 
 import json
@@ -29,7 +30,10 @@ from trt_builder.triton.python_models.tensorrt_llm import scalar
 INPUTS = ("text_input", "streaming", "sampling_param_temperature", "sampling_param_top_k",
           "sampling_param_top_p", "sampling_param_max_tokens", "sampling_param_stop",
           "sampling_param_seed", "sampling_param_exclude_input_from_output",
-          "return_finish_reason", "return_stop_reason", "stop")  # fmt: skip
+          "return_finish_reason", "return_stop_reason", "stop", "image_url")  # fmt: skip
+#: The answer to a request with images: what this backend runs, and what serves images.
+NO_IMAGES = ("image_url: this reference backend runs the language model only; images need "
+             "TensorRT-LLM's own llmapi model.py (TensorRT-LLM main, after 1.2.1)")  # fmt: skip
 #: SamplingParams' default, which the template leaves in place.
 MAX_TOKENS = 32
 #: The batcher's reasons in the LLM API's words (RequestOutput.finish_reason).
@@ -120,6 +124,8 @@ class TritonPythonModel(_Batching):
             self.inbox.put((None, sender, False, request))
             self.wake.set()
             return
+        if np.asarray(inputs.get("image_url", [])).size:
+            raise ValueError(NO_IMAGES)
         parsed, stream, exclude, asked = make_request(inputs, self.tokenizer, self.end_id,
                                                       self.max_seq_len)  # fmt: skip
         if stream and not self.decoupled:  # the template's refusal, in its words
