@@ -517,3 +517,51 @@ def test_package_check_refuses_an_llmapi_repository_that_would_not_load(
         proc = _cli("package", "--check", str(repo))
         assert proc.returncode == 8 and words in proc.stderr, (path, proc.stderr)
         (repo / path).write_text(text)
+
+
+def test_a_repository_for_tensorrt_llms_own_model_links_the_containers_template(
+    served: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """[triton] backend tensorrtllm: model.py and helpers.py link to the template where the NGC
+    container keeps it, config.pbtxt is the template's without the reference backend's
+    parameters; package --check passes; serve here refuses in one line (exit 8), nothing
+    started. auto picks it where TensorRT-LLM is installed."""
+    import os
+
+    from trt_builder.cli.main import main
+    from trt_builder.pipeline import run
+    from trt_builder.spec.build import make_spec
+    from trt_builder.triton.llmapi import LLMAPI_IN, TEMPLATE, validate_llmapi
+    from trt_builder.triton.package import llmapi_backend
+
+    build = served["build"]
+    spec = make_spec(model=build.spec.model, target="llmapi", dtype="fp8", kv_cache="fp8",
+                     out=build.spec.out, triton_root=tmp_path / "t",
+                     **{**OPEN_GATE, "fp8.search": False, "triton.backend": "tensorrtllm"})  # fmt: skip
+    result = run(spec)
+    assert {r.name: r.status for r in result.records}["convert"] == "cached"
+    package = next(r for r in result.records if r.name == "package")
+    assert package.details["backend"] == "tensorrtllm" and TEMPLATE in package.details["note"]
+    repo = result.layout.triton
+    version = repo / "tensorrt_llm" / "1"
+    assert os.readlink(version / "model.py") == f"{TEMPLATE}/model.py"
+    assert os.readlink(version / "helpers.py") == f"{TEMPLATE}/helpers.py"
+    config = validate_llmapi(repo)
+    assert "implementation" not in config.parameters
+    assert [t.name for t in config.input] == [name for name, *_ in LLMAPI_IN]
+    assert (version / "checkpoint" / "model.safetensors").is_file()
+    assert main(["package", "--check", str(repo)]) == 0
+    capsys.readouterr()
+    code = main(["serve", str(repo), "--http-port", "1", "--grpc-port", "2", "--metrics-port", "3"])
+    err = capsys.readouterr().err
+    assert code == 8 and f"linked from {TEMPLATE}, which this host lacks" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert llmapi_backend("auto") == "reference"  # TensorRT-LLM is not installed here
+    fake = tmp_path / "site" / "tensorrt_llm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    assert llmapi_backend("auto") == "tensorrtllm" and llmapi_backend("reference") == "reference"

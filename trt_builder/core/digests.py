@@ -128,16 +128,24 @@ class DigestCache:
             return list(pool.map(self.file, paths))
 
     def tree(self, root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, str]:
-        """Digest of every regular file under root, by relative posix path."""
+        """Digest of every regular file under root, by relative posix path; a symbolic link's
+        is its target's path (what the tree holds: the llmapi repository links the NGC
+        container's template, which need not exist here)."""
         found: dict[str, Path] = {}
+        links: dict[str, str] = {}
         for dirpath, dirs, files in os.walk(root):
             dirs.sort()
             for name in sorted(files):
                 full = Path(dirpath, name)
                 rel = full.relative_to(root).as_posix()
-                if rel not in exclude:
+                if rel in exclude:
+                    continue
+                if full.is_symlink():
+                    links[rel] = sha256_json({"symlink": os.readlink(full)})
+                else:
                     found[rel] = full
-        return dict(zip(found, self.files(list(found.values())), strict=True))
+        digests = dict(zip(found, self.files(list(found.values())), strict=True))
+        return dict(sorted({**digests, **links}.items()))
 
     def digest(self, target: Path, *, exclude: tuple[str, ...] = ()) -> str:
         """One digest for a file or a directory tree."""

@@ -16,9 +16,12 @@ OLD_MARK = ".old-"
 
 
 def fsync_tree(root: Path) -> None:
-    """Flush every file under root (and the directories) to disk."""
+    """Flush every file under root (and the directories, which hold its symbolic links) to
+    disk."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
+            if os.path.islink(os.path.join(dirpath, name)):  # its directory's fsync keeps it
+                continue
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
             try:
                 os.fsync(fd)

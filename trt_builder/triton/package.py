@@ -4,6 +4,7 @@ the config its build command will give it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -112,11 +113,20 @@ def repository_options(ctx: BuildContext, version: int, engine: Path | None) -> 
     return replace(options, backend=kind)
 
 
+def llmapi_backend(chosen: str) -> str:
+    """The llmapi model's backend for [triton] backend `chosen`: "auto" is "tensorrtllm" (the
+    template's model.py, TensorRT-LLM's own) where TensorRT-LLM is installed, as the engine
+    target's auto is its backend where the engine was built; else "reference"."""
+    if chosen != "auto":
+        return chosen
+    return "tensorrtllm" if importlib.util.find_spec("tensorrt_llm") is not None else "reference"
+
+
 def llmapi_options(ctx: BuildContext, version: int) -> LlmapiOptions:
     """The llmapi repository's options for published version `version`: the memory plan's
     limits (as `LLM()` arguments), tp and pp, the [triton] table, and the checkpoint's path
-    where the serving host sees the repository. [triton] backend auto is the reference
-    backend: the repository for TensorRT-LLM's own llmapi model.py is not written yet."""
+    where the serving host sees the repository. [triton] backend auto is TensorRT-LLM's own
+    model where TensorRT-LLM is installed (the NGC container), else the reference backend."""
     triton, limits = ctx.spec.triton, ctx.spec.limits
     root = triton.serve_root or str(ctx.layout.triton_root.resolve())
     if limits.max_batch_size is None or limits.max_num_tokens is None:
@@ -131,5 +141,5 @@ def llmapi_options(ctx: BuildContext, version: int) -> LlmapiOptions:
         pp=ctx.spec.pp,
         decoupled=triton.streaming,
         kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
-        backend="reference" if triton.backend == "auto" else triton.backend,
+        backend=llmapi_backend(triton.backend),
     )

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import InputError, PackageError, TritonError
+from .llmapi import MODEL as LLMAPI_MODEL
+from .llmapi import TEMPLATE, template_here, uses_template
 from .repository import current_version, validate_repository
 from .serve import MODELS, serve_command, served_models
 
@@ -375,6 +377,20 @@ def _ready(url: str) -> bool:
         return False
 
 
+def needs_template(repository: Path) -> None:
+    """Refuse an llmapi repository that runs TensorRT-LLM's own model.py on a host without the
+    template it links to (anywhere but the NGC container), before a server starts."""
+    model = repository / LLMAPI_MODEL
+    versions = sorted((int(p.name) for p in model.glob("[0-9]*") if p.name.isdigit()), reverse=True)
+    if versions and uses_template(model / str(versions[0])) and not template_here():
+        raise PackageError(
+            f"{repository} runs TensorRT-LLM's own llmapi model.py, linked from {TEMPLATE}, "
+            "which this host lacks: serve it in the NGC container "
+            "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3), or package with "
+            "--backend reference"
+        )
+
+
 def start(
     repository: Path,
     *,
@@ -394,6 +410,7 @@ def start(
             "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
         )
     check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
+    needs_template(repository)
     served = repository.absolute()  # the link itself: reload() follows it
     shm_prefix = f"trtb{secrets.token_hex(4)}r"  # this server's own, so a kill can clean up
     argv = serve_command(served, tritonserver=str(binary.executable), http_port=http_port,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.stage import BuildContext
-from .llmapi import MODEL, trtllm_serve_command, write_llmapi_repository
+from .llmapi import MODEL, TEMPLATE, trtllm_serve_command, write_llmapi_repository
 from .llmapi import REFERENCE as LLMAPI_REFERENCE
 from .package import backend, llmapi_options, repository_options, shipped_engine, tokenizer_files
 from .repository import INFO, REFERENCE, next_version, publish, write_repository
@@ -75,7 +75,11 @@ class PackageStage:
             "target": "llmapi",
             "engine_included": False,
             "note": f"tensorrt_llm (llmapi) runs on the {LLMAPI_REFERENCE}: serve it anywhere "
-            "(trt-builder serve)",
+            "(trt-builder serve)"
+            if options.backend == "reference"
+            else "tensorrt_llm (llmapi) "
+            f"runs TensorRT-LLM's own model.py, linked from {TEMPLATE} (the NGC container's "
+            "template): serve it in that container",
         }
 
     def place(self, ctx: BuildContext, work: Path, link: Path) -> None:
