@@ -45,8 +45,8 @@ def family_for(hf_config: dict[str, Any]) -> Family:
 
 
 def refuse_llmapi(family: Family, architecture: str) -> None:
-    """`--target llmapi` for a family TensorRT-LLM's PyTorch backend does not run (or whose
-    llmapi checkpoint is not written yet), refused with the way out."""
+    """`--target llmapi` for a family TensorRT-LLM's PyTorch backend does not run, refused with
+    the way out."""
     if family.no_llmapi:
         raise UnsupportedModelError(
             f"--target llmapi is not built for {architecture}: {family.no_llmapi}"

@@ -50,8 +50,9 @@ def inspect(out: Path) -> dict[str, Any]:
 def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
     """What `--target llmapi` does on this host: it builds wherever torch runs (float dtypes,
     int8-wo and fp8; not SmoothQuant or the INT8 KV cache); its repository is served on the
-    reference backend by any tritonserver with the Python backend; TensorRT-LLM's own LLM() is
-    not packaged yet (docs/llmapi.md)."""
+    reference backend by any tritonserver with the Python backend; where TensorRT-LLM >= 1.0
+    is installed, its own LLM() runs the checkpoint (verify --runtime llmapi) and the
+    repository gets its own llmapi model (docs/llmapi.md)."""
     serve = (
         "served on the reference backend (llmapi contract)"
         if binary
@@ -59,7 +60,8 @@ def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
     )
     version = str(report.get("tensorrt_llm") or "")
     installed = (
-        f"; TensorRT-LLM {version} here runs its checkpoint (LLM(), trtllm-serve)"
+        f"; TensorRT-LLM {version} here runs its checkpoint (LLM(), verify --runtime llmapi, "
+        "trtllm-serve) and its own llmapi model serves the repository"
         if version[:1].isdigit() and not version.startswith("0.")
         else ""
     )
