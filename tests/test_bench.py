@@ -273,6 +273,8 @@ def test_an_llmapi_repository_is_benched_each_answer_counted_once(
         assert tokens > 1 and figures["requests"] == 4 and figures["errors"] == 0
         assert figures["output_tokens"] == 4 * tokens
         assert figures["aiperf_output_tokens"] > figures["output_tokens"]
+        page = out.with_suffix(".html").read_text()  # the page says so, with both counts
+        assert f"{4 * tokens} output tokens counted once (aiperf added up" in " ".join(page.split())
 
         options = BenchOptions(concurrency=(2,), requests=4, warmup=1, output_tokens=8,
                                prompts=str(tmp_path / "one.jsonl"), model="tensorrt_llm")  # fmt: skip

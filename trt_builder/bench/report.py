@@ -130,6 +130,20 @@ def _comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
     return f"<h2>B against A</h2><table>{head}{''.join(rows)}</table>"
 
 
+def recounted(result: dict[str, Any]) -> str:
+    """What the page says of a cumulative stream's token figures (bench/cumulative.py): the
+    tokens counted once, and what aiperf counted."""
+    runs = [r for p in result["points"] for r in p["repeats"] if "aiperf_output_tokens" in r]
+    if not runs:
+        return ""
+    ours, theirs = (
+        sum(r["output_tokens"] for r in runs),
+        sum(r["aiperf_output_tokens"] for r in runs),
+    )
+    return (f"; each streamed response held the whole text so far: {ours} output tokens counted "
+            f"once (aiperf added up {theirs}), inter-token latency and tokens/s from them")  # fmt: skip
+
+
 def html_page(results: list[dict[str, Any]]) -> str:
     """The page of one result, or of two side by side (A first)."""
     parts = [f"<!doctype html><html><head><meta charset=utf-8><title>trt-builder bench</title>"
@@ -144,7 +158,7 @@ def html_page(results: list[dict[str, Any]]) -> str:
             f"{_e(result['started_at'])}; {o['output_tokens']} tokens out, prompts {_e(prompts)}; "
             f"{str(o['requests']) + ' requests' if o['duration'] is None else str(o['duration']) + ' s'}"
             f" a point after {o['warmup']} warm-up, {o['repeats']} run(s) each; aiperf {_e(result['tools']['aiperf'])}, trt-builder "
-            f"{_e(result['tools']['trt-builder'])}</p>"
+            f"{_e(result['tools']['trt-builder'])}{_e(recounted(result))}</p>"
         )
     parts.append(_curve(results))
     if len(results) == 2:
