@@ -396,6 +396,47 @@ def test_the_default_model_serves_in_float16_int8_and_fp8(
                 assert text == tokenizer.decode(want, skip_special_tokens=True) and text.strip()
 
 
+@pytest.fixture(scope="module")
+def llmapi_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the default model's llmapi builds go: one calibration for the three."""
+    return tmp_path_factory.mktemp("llmapi-default")
+
+
+@pytest.mark.parametrize("dtype,kv", [("float16", "model"), ("fp8", "model"), ("fp8", "fp8")])
+def test_the_default_model_llmapi_repositories_answer_as_the_checkpoint_runtime(
+    smollm2_hf: Path, llmapi_root: Path, dtype: str, kv: str
+) -> None:
+    """--target llmapi of the default model in float16, fp8 and fp8 with the FP8 KV cache,
+    packaged plain and streaming (convert cached, package again): each answers a rendered chat
+    as the checkpoint runtime answers it, over HTTP and gRPC, and streamed over gRPC."""
+    from transformers import AutoTokenizer
+
+    from trt_builder.triton import client
+
+    root = llmapi_root
+    spec = {"target": "llmapi", "dtype": dtype, "kv_cache": kv, "fp8.search": False}
+    result, plain = _package(smollm2_hf, root, **spec)
+    streaming = run(make_spec(model=str(smollm2_hf), out=root / "engines",
+                              triton_root=root / "streaming", **spec,
+                              **{"verify.heldout_tokens": 128, "triton.streaming": True})).layout.triton  # fmt: skip
+    assert {r.name: r.status for r in result.records}["verify"] == "ran"
+    tokenizer = AutoTokenizer.from_pretrained(result.layout.checkpoint)
+    runtime = CheckpointRuntime.load(result.layout.checkpoint)
+    with (
+        start(plain, **_ports(root / f"{dtype}-{kv}-plain.log")) as a,
+        start(streaming, **_ports(root / f"{dtype}-{kv}-streaming.log")) as b,
+    ):
+        for chat in CHATS:
+            text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            want = runtime.greedy(tokenizer(text).input_ids, 12, {tokenizer.eos_token_id})
+            answer = tokenizer.decode(want, skip_special_tokens=True)
+            assert answer.strip()
+            request = client.Request(prompt=text, max_tokens=12)
+            for url in (a.http_url, a.grpc_url):
+                assert client.generate(url, request) == answer, url
+            assert "".join(client.stream(b.grpc_url, request)) == answer
+
+
 def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
     tiny: dict[str, Any], tmp_path: Path, tiny_llama: Path
 ) -> None:
