@@ -153,7 +153,8 @@ def bench(
             if tok is None or not Path(tok).is_dir():
                 raise InputError(
                     "bench needs the deployment's tokenizer to count tokens: pass --tokenizer "
-                    "DIR (the repository's preprocessing/tokenizer, or the model's hf/)"
+                    "DIR (the repository's preprocessing/tokenizer or llmapi checkpoint, or the "
+                    "model's hf/)"
                 )
             llmapi = serving["contract"] == "llmapi"
             if llmapi and options.ignore_eos:

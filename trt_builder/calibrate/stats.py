@@ -25,7 +25,7 @@ import torch
 from ..core.errors import InputError
 from ..models.family import Family
 from ..models.registry import family_for
-from ..source.files import read_hf_config
+from ..source.files import read_hf_config, weight_files
 from ..source.hf import load_hf_model, pick_device
 from ..spec.build import CalibrationOptions
 from . import MODEL_HANDOFF
@@ -189,7 +189,7 @@ def calibrate(
     family = family_for(read_hf_config(hf_dir))
     stats = collect(model, ids, options.batch_size, family)
     modules = {k.rsplit(".", 1)[0] for k in stats}
-    names = file_names(modules, sorted(hf_dir.glob("*.safetensors")), family)
+    names = file_names(modules, weight_files(hf_dir), family)
     save_file({k: v.contiguous() for k, v in sorted(stats.items())}, str(out_dir / "calibration.safetensors"),
               metadata={"format": "pt", FILE_NAMES: json.dumps(names, sort_keys=True)})  # fmt: skip
     seconds = round(time.perf_counter() - start, 2)
