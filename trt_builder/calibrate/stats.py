@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.safetensors_io import weight_files
 from ..core.errors import InputError
 from ..models.family import Family
 from ..models.registry import family_for
-from ..source.files import read_hf_config, weight_files
+from ..source.files import read_hf_config
 from ..source.hf import load_hf_model, pick_device
 from ..spec.build import CalibrationOptions
 from . import MODEL_HANDOFF

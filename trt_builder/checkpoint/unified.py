@@ -43,7 +43,7 @@ from ..models.registry import family_for
 from ..spec.gates import hf_quantization
 from .config import engine_config
 from .fp8 import E4M3, to_e4m3
-from .safetensors_io import SafetensorsIndex
+from .safetensors_io import SafetensorsIndex, weight_files
 from .weight_only import WEIGHT_ONLY_LINEARS, quantize_rows
 
 #: The weights file written; its quantization file.
@@ -182,17 +182,6 @@ def quantization(
     return hf_quant, config
 
 
-def _weight_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / n for n in names]
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{directory} has no .safetensors weights: pass a checkpoint directory")
-    return files
-
-
 def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(TensorRT-LLM config, TP=1 tensors) of a Hugging Face checkpoint's language model (a
     vision tower is not read), as the PyTorch backend would run it: fused q/k/v and gate/up whose shards have different weight scales are
@@ -202,7 +191,7 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     hf_config = json.loads((directory / "config.json").read_text())
     family = family_for(hf_config)
     stored: dict[str, torch.Tensor] = {}
-    for path in _weight_files(directory):
+    for path in weight_files(directory):
         with safe_open(str(path), framework="pt") as fh:
             names = [n for n in fh.keys() if not n.startswith(family.vision_tower)]  # noqa: SIM118
             stored.update({name: fh.get_tensor(name) for name in names})

@@ -42,13 +42,13 @@ import torch
 from ..calibrate.corpus import corpus_windows, sampled_windows
 from ..calibrate.stats import load_stats
 from ..checkpoint.fp8 import FP8_MAX, to_e4m3, weight_scale
-from ..checkpoint.safetensors_io import DTYPES, SafetensorsIndex
+from ..checkpoint.safetensors_io import DTYPES, SafetensorsIndex, weight_files
 from ..core.dtypes import torch_dtype
 from ..models.family import TensorRule
 from ..models.registry import family_for
 from ..runtimes.fp8 import fp8_matmul
 from ..runtimes.int8 import GROUPS, group_name
-from ..source.files import read_hf_config, weight_files
+from ..source.files import read_hf_config
 from .candidates import Fp8SearchSet
 from .rounding import compensated_e4m3
 from .score import WINDOW, Scorer, figures, halving, mean_se, searched_model

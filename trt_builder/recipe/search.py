@@ -34,9 +34,9 @@ import torch
 
 from ..calibrate.corpus import corpus_windows
 from ..calibrate.stats import load_stats
-from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..checkpoint.safetensors_io import SafetensorsIndex, weight_files
 from ..models.registry import family_for
-from ..source.files import read_hf_config, weight_files
+from ..source.files import read_hf_config
 from .candidates import SearchSet
 from .score import WINDOW, Scorer, figures, halving, mean_se, searched_model
 from .simulate import Group, Simulation, column_max, gemm_groups, plugin_gemm

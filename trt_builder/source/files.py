@@ -102,28 +102,3 @@ def model_files(src: Path) -> list[Path]:
     """The top-level files of a local model that fetch reads (weights, pickles, config, tokenizer)."""
     patterns = KEEP_PATTERNS + PICKLE_PATTERNS
     return sorted(p for p in src.iterdir() if p.is_file() and matches(p.name, patterns))
-
-
-def weight_files(hf_dir: Path) -> list[Path]:
-    """The checkpoint's weight files: those its index names, else every *.safetensors (so a
-    repo that also ships another format's file, e.g. Mistral's consolidated.safetensors, works)."""
-    index = hf_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise InputError(
-                f"{index.name} is not a valid weight index ({exc}): re-fetch the model"
-            ) from None
-        missing = [name for name in listed if not (hf_dir / name).is_file()]
-        if missing:
-            raise InputError(
-                f"{missing[0]}, listed in {index.name}, is missing: re-fetch the model with --force"
-            )
-        return [hf_dir / name for name in listed]
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(
-            f"{hf_dir} has no *.safetensors files: fetch converts or refuses other formats"
-        )
-    return files

@@ -15,11 +15,10 @@ import torch
 
 from ..calibrate.corpus import corpus_windows
 from ..checkpoint.reader import read_checkpoint
-from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..checkpoint.safetensors_io import SafetensorsIndex, weight_files
 from ..core.errors import InputError
 from ..runtimes.checkpoint import CheckpointRuntime
 from ..runtimes.scoring import kl, nll
-from ..source.files import weight_files
 from ..source.hf import end_ids, load_hf_model, load_tokenizer, pick_device
 from ..spec.gates import Gate
 from . import diagnose
