@@ -22,8 +22,7 @@ from ..core.errors import InputError, PackageError, TritonError
 from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
 from ..triton.client import connect, stream_model
-from ..triton.llmapi import CHECKPOINT
-from ..triton.llmapi import MODEL as LLMAPI
+from ..triton.llmapi import CHECKPOINT, latest_version
 from ..triton.repository import is_llmapi, validate_repository
 from .cumulative import recount, token_counter
 from .figures import summarize
@@ -117,9 +116,9 @@ def deployment(target: str, model: str, log: Path) -> Iterator[tuple[str, Path |
             f"{repository}: tensorrt_llm is not decoupled, so generate_stream cannot stream "
             "tokens: package with [triton] streaming = true (trt-builder package --config)"
         )
-    if is_llmapi(configs):  # the checkpoint holds its tokenizer
-        versions = sorted(int(p.name) for p in (repository / LLMAPI).iterdir() if p.name.isdigit())
-        tokenizer = repository / LLMAPI / str(versions[-1]) / CHECKPOINT
+    latest = latest_version(repository) if is_llmapi(configs) else None
+    if latest is not None:  # the llmapi checkpoint holds its tokenizer
+        tokenizer = latest / CHECKPOINT
     else:
         tokenizer = repository / "preprocessing" / "tokenizer"
     ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))

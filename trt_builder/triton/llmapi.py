@@ -215,6 +215,17 @@ def takes_images(checkpoint: Path) -> bool:
         return False
 
 
+def model_versions(model_dir: Path) -> list[int]:
+    """A Triton model directory's version numbers, oldest first."""
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def latest_version(root: Path) -> Path | None:
+    """The llmapi repository `root`'s newest tensorrt_llm version directory (None: none)."""
+    versions = model_versions(root / MODEL) if (root / MODEL).is_dir() else []
+    return root / MODEL / str(versions[-1]) if versions else None
+
+
 def uses_template(version: Path) -> bool:
     """Whether the repository version `version` runs TensorRT-LLM's own llmapi model (its
     model.py a link to the container's template), not the reference backend."""
@@ -246,10 +257,9 @@ def validate_llmapi(root: Path) -> mc.ModelConfig:
             "request): repackage it"
         )
     have = {t.name: (mc.DataType.Name(t.data_type), tuple(t.dims)) for t in config.input}
-    versions = sorted(int(p.name) for p in (root / MODEL).iterdir() if p.name.isdigit())
-    if not versions:
+    latest = latest_version(root)
+    if latest is None:
         raise PackageError(f"model {MODEL}: no version directory (e.g. {MODEL}/1/)")
-    latest = root / MODEL / str(versions[-1])
     images = takes_images(latest / CHECKPOINT) or IMAGE_IN[0] in have
     for name, dtype, dims, _ in LLMAPI_IN + ((IMAGE_IN,) if images else ()):
         if have.get(name) != (dtype, dims):

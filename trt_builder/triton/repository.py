@@ -20,7 +20,7 @@ from ..core.fsio import link_or_copy, replace_symlink
 from ..source.portable import copy_portable
 from .conformance import common_tensors, required_parameters
 from .llmapi import MODEL as LLMAPI_MODEL
-from .llmapi import validate_llmapi
+from .llmapi import model_versions, validate_llmapi
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -357,10 +357,6 @@ def _load_config(path: Path) -> mc.ModelConfig:
     return config
 
 
-def _versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-
-
 def is_llmapi(configs: dict[str, mc.ModelConfig]) -> bool:
     """An llmapi repository: its tensorrt_llm model takes text (the template's text_input)."""
     llm = configs.get(LLMAPI_MODEL)
@@ -384,7 +380,7 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
             raise PackageError(
                 f"model {name}: config.pbtxt says name {config.name!r}; it must match its directory"
             )
-        versions = _versions(root / name)
+        versions = model_versions(root / name)
         if not versions:
             raise PackageError(f"model {name}: no version directory (e.g. {name}/1/)")
         latest = root / name / str(versions[-1])
@@ -529,7 +525,7 @@ def versions_dir(link: Path) -> Path:
 
 def published_versions(link: Path) -> list[int]:
     where = versions_dir(link)
-    return _versions(where) if where.is_dir() else []
+    return model_versions(where) if where.is_dir() else []
 
 
 def current_version(link: Path) -> int | None:

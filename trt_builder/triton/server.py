@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import InputError, PackageError, TritonError
-from .llmapi import MODEL as LLMAPI_MODEL
-from .llmapi import TEMPLATE, template_here, uses_template
+from .llmapi import TEMPLATE, latest_version, template_here, uses_template
 from .repository import current_version, validate_repository
 from .serve import MODELS, serve_command, served_models
 
@@ -380,9 +379,8 @@ def _ready(url: str) -> bool:
 def needs_template(repository: Path) -> None:
     """Refuse an llmapi repository that runs TensorRT-LLM's own model.py on a host without the
     template it links to (anywhere but the NGC container), before a server starts."""
-    model = repository / LLMAPI_MODEL
-    versions = sorted((int(p.name) for p in model.glob("[0-9]*") if p.name.isdigit()), reverse=True)
-    if versions and uses_template(model / str(versions[0])) and not template_here():
+    latest = latest_version(repository)
+    if latest is not None and uses_template(latest) and not template_here():
         raise PackageError(
             f"{repository} runs TensorRT-LLM's own llmapi model.py, linked from {TEMPLATE}, "
             "which this host lacks: serve it in the NGC container "
