@@ -113,12 +113,16 @@ def is_llmapi(client: Any) -> bool:
     try:
         if client.is_model_ready("ensemble"):
             return False
-        metadata = client.get_model_metadata(LLMAPI_MODEL)
+        return "text_input" in _input_names(client, LLMAPI_MODEL)
     except Exception:  # tritonclient raises for a model it does not know
         return False
+
+
+def _input_names(client: Any, model: str) -> set[str]:
+    """The inputs `model` declares (gRPC's metadata message or HTTP's JSON)."""
+    metadata = client.get_model_metadata(model)
     inputs = metadata.inputs if hasattr(metadata, "inputs") else metadata.get("inputs", [])
-    names = {i.name if hasattr(i, "name") else i.get("name") for i in inputs}
-    return "text_input" in names
+    return {i.name if hasattr(i, "name") else i.get("name") for i in inputs}
 
 
 def _llmapi_inputs(module: Any, request: Request, stream: bool) -> list[Any]:
@@ -150,9 +154,7 @@ def _check_image(client: Any, model: str, request: Request) -> None:
     """An image goes only to a model that declares image_url (InputError otherwise)."""
     if request.image is None or model != LLMAPI_MODEL:
         return
-    metadata = client.get_model_metadata(model)
-    inputs = metadata.inputs if hasattr(metadata, "inputs") else metadata.get("inputs", [])
-    if "image_url" not in {i.name if hasattr(i, "name") else i.get("name") for i in inputs}:
+    if "image_url" not in _input_names(client, model):
         raise InputError(
             f"--image: {model} declares no image_url input: this repository is a text model's"
         )
