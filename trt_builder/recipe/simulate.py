@@ -70,7 +70,7 @@ def in_model(model: Any, group: Group) -> Group:
     (Family.same_linear: the hub's GPT-2 files, `h.0.attn.c_attn`, load as
     `transformer.h.0.attn.c_attn`; a hub-layout Qwen2.5-VL's `model.layers.*` as
     `model.language_model.layers.*`), as calibration's `load_stats(modules=True)` names them."""
-    paths: list[str] = []
+    paths: list[str] = []  # the model's module paths, listed on the first miss
 
     def path(module: str) -> str:
         try:
@@ -78,8 +78,10 @@ def in_model(model: Any, group: Group) -> Group:
         except AttributeError:
             if not paths:
                 paths.extend(n for n, _ in model.named_modules())
-            return family_for(model.config.to_dict()).same_linear(module, paths) or module
+            return family.same_linear(module, paths) or module
         return module
+
+    family = family_for(model.config.to_dict())
 
     return replace(group, modules=tuple(path(m) for m in group.modules))
 
