@@ -231,3 +231,48 @@ def test_a_failing_prefill_fails_its_request_alone(runtime: CheckpointRuntime) -
     assert failed == [bad]
     want = [runtime.greedy(p, 5, set()) for p in PROMPTS[:3]]
     assert [out[good[0]], out[good[1]], out[late]] == want
+
+
+def test_a_model_process_that_dies_fails_its_requests_by_name_and_starts_again(
+    runtime: CheckpointRuntime, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """The reference backend's model process (runtimes/model_process.py) answers as the batch
+    does in this process; SIGKILL mid-answer: step() raises ProcessDied for both requests it
+    held, naming the instance, the pid and the signal, with Triton's UNAVAILABLE; the next
+    submit starts a new process, which answers as before; close() leaves no process."""
+    import os
+    import signal
+
+    from trt_builder.runtimes.model_process import ModelProcess
+    from trt_builder.runtimes.requests import ProcessDied
+
+    def answer(process: ModelProcess, rid: int) -> list[int]:
+        tokens: list[int] = []
+        while rid in process.outstanding:
+            tokens += [e.token for e in process.step() if e.request == rid]
+        return tokens
+
+    (tmp_path / "ck").mkdir()
+    convert_checkpoint(tiny_llama, tmp_path / "ck", FloatMode("float32"))  # the runtime's
+    process = ModelProcess("tensorrt_llm_0_0", tmp_path / "ck", "cpu", 4)
+    try:
+        assert process.vocab_size == runtime.config["vocab_size"] and process.device == "cpu"
+        want = runtime.greedy(PROMPTS[0], 6, set())
+        assert answer(process, process.submit(Request(tuple(PROMPTS[0]), 6))) == want
+        held = [process.submit(Request(tuple(p), 2000)) for p in PROMPTS[1:3]]
+        while not process.step():  # both running
+            pass
+        first = process.pid
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(ProcessDied) as died:
+            for _ in range(100):
+                process.step()
+        assert sorted(died.value.requests) == held and died.value.code == "UNAVAILABLE"
+        assert str(died.value) == (f"model process tensorrt_llm_0_0 (PyTorch, pid {first}) was killed "
+                                   "by SIGKILL: this request was cut off; send it again")  # fmt: skip
+        again = process.submit(Request(tuple(PROMPTS[0]), 6))
+        assert process.pid != first and answer(process, again) == want
+    finally:
+        last = process.pid
+        process.close()
+    assert not Path(f"/proc/{last}").exists()

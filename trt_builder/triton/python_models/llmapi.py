@@ -47,7 +47,7 @@ def _texts(value):
 
 def make_request(inputs, tokenizer, end_id, max_seq_len=0):
     """(batching.Request, stream, exclude_input, asked outputs) from one request's arrays."""
-    from trt_builder.runtimes.batching import Request, Sampling
+    from trt_builder.runtimes.requests import Request, Sampling
 
     texts = _texts(inputs["text_input"])
     if np.asarray(inputs["text_input"]).ndim > 1:
@@ -87,9 +87,6 @@ class TritonPythonModel(_Batching):
         import triton_python_backend_utils as pb_utils
         from transformers import AutoTokenizer
 
-        from trt_builder.runtimes.batching import InflightBatcher
-        from trt_builder.runtimes.checkpoint import CheckpointRuntime
-
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         here = Path(args["model_repository"]) / args["model_version"]
@@ -97,8 +94,8 @@ class TritonPythonModel(_Batching):
         checkpoint = Path(settings["model"])
         if not (checkpoint / "config.json").is_file():  # served from another path than packaged
             checkpoint = here / "checkpoint"
-        device = self._device(params)
-        runtime = CheckpointRuntime.load(checkpoint, device)
+        batch = int(settings.get("max_batch_size") or 8)
+        batcher = self._model_process(args, checkpoint, params, batch)
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         end = self.tokenizer.eos_token_id
         try:
@@ -109,12 +106,11 @@ class TritonPythonModel(_Batching):
         self.end_id = end
         pb_utils.Logger.log_info(
             "tensorrt_llm (llmapi): trt-builder's reference backend (PyTorch, not TensorRT-LLM) "
-            f"on {device}, {checkpoint}"
+            f"on {batcher.device}, {checkpoint}, in model process {batcher.pid}"
         )
         self.max_seq_len = int(settings.get("max_seq_len") or 0)
         self.shape = {}  # request id -> (prompt ids or (), asked outputs, stop words)
-        batch = int(settings.get("max_batch_size") or 8)
-        self._start(config, InflightBatcher(runtime, max_batch_size=batch))
+        self._start(config, batcher)
 
     def _submit(self, request, sender):
         inputs = self._inputs(request)
@@ -143,7 +139,12 @@ class TritonPythonModel(_Batching):
                 self._stop(request.request_id(), sender)
                 continue
             parsed, prefix, asked = item
-            rid = self.batcher.submit(parsed)
+            try:
+                rid = self.batcher.submit(parsed)
+            except RuntimeError as exc:  # the model process could not be started again
+                self._fail([sender], f"the model could not be loaded again: {exc}",
+                           "UNAVAILABLE")  # fmt: skip
+                continue
             self.active[rid] = (sender, stream, [], request)
             self.shape[rid] = (prefix, asked, parsed.stop_words)
 

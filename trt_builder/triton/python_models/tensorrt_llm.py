@@ -4,6 +4,10 @@ checkpoint runtime, behind the tensorrtllm backend's inputs, outputs and paramet
 in-flight batching (trt_builder.runtimes.batching). Written for trt-builder, for hosts where no
 engine exists.
 
+The model runs in a model process of its own (trt_builder.runtimes.model_process), started by
+this one: if it dies, each request it held ends with an UNAVAILABLE error naming the death, and
+the next request starts it again.
+
 Requests join the running batch as they arrive, in streaming (decoupled) repositories and in
 the others: execute() returns at once and the answers go through each request's response
 sender. In a decoupled repository each token is sent as it comes when the request asks to
@@ -42,7 +46,7 @@ def make_request(inputs, vocab_size, max_seq_len=0):
     """A batching.Request and whether to stream, from one request's input arrays (by name);
     ValueError for what the model cannot run (`max_seq_len`: the build's, as an engine holds
     it; 0 for no limit), before it joins the batch."""
-    from trt_builder.runtimes.batching import Request, Sampling
+    from trt_builder.runtimes.requests import Request, Sampling
 
     ids = np.asarray(inputs["input_ids"])
     if ids.ndim > 1 and ids.shape[0] > 1:
@@ -104,29 +108,32 @@ class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
-        from trt_builder.runtimes.batching import InflightBatcher
-        from trt_builder.runtimes.checkpoint import CheckpointRuntime
-
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         here = Path(args["model_repository"]) / args["model_version"]
-        device = self._device(params)
-        runtime = CheckpointRuntime.load(here / params.get("checkpoint_dir", "checkpoint"), device)
+        batcher = self._model_process(args, here / params.get("checkpoint_dir", "checkpoint"),
+                                      params, int(config["max_batch_size"]))  # fmt: skip
         pb_utils.Logger.log_info(
-            f"tensorrt_llm: trt-builder's reference backend (PyTorch, not TensorRT-LLM) on {device}"
+            "tensorrt_llm: trt-builder's reference backend (PyTorch, not TensorRT-LLM) on "
+            f"{batcher.device}, in model process {batcher.pid}"
         )
-        self.vocab_size = int(runtime.config["vocab_size"])
+        self.vocab_size = batcher.vocab_size
         self.max_seq_len = int(params.get("max_seq_len") or 0)  # older repositories: none
-        self._start(config, InflightBatcher(runtime, max_batch_size=int(config["max_batch_size"])))
+        self._start(config, batcher)
 
     @staticmethod
-    def _device(params):
-        import torch
+    def _model_process(args, checkpoint, params, max_batch_size):
+        """The model process that runs `checkpoint` (named after this model instance);
+        TritonModelException with its reason if it fails to load."""
+        import triton_python_backend_utils as pb_utils
 
-        device = params.get("device", "auto")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return device
+        from trt_builder.runtimes.model_process import ModelProcess
+
+        try:
+            return ModelProcess(args["model_instance_name"], checkpoint,
+                                params.get("device", "auto"), max_batch_size)  # fmt: skip
+        except RuntimeError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
 
     def _start(self, config, batcher):
         """The batch and its worker thread (the llmapi model's initialize ends here too)."""
@@ -180,21 +187,30 @@ class TritonPythonModel:
                 return
             if parsed is None:
                 self._stop(request.request_id(), sender)
-            else:
+                continue
+            try:
                 self.active[self.batcher.submit(parsed)] = (sender, stream, [], request)
+            except RuntimeError as exc:  # the model process could not be started again
+                self._fail([sender], f"the model could not be loaded again: {exc}",
+                           "UNAVAILABLE")  # fmt: skip
 
     def _stop(self, request_id, sender):
         """A stop request, as the tensorrtllm backend answers one (handleStopRequest: the
         executor's cancelRequest for each request with its id, then an empty final response,
         also when none was running, as it may have just finished). A stopped request's stream
-        ends there: a final response without an error, as the executor ends a cancelled one."""
+        ends there: a final response without an error, as the executor ends a cancelled one;
+        in a repository that does not stream, the one response a request must get: its tokens
+        so far."""
         import triton_python_backend_utils as pb_utils
 
         gone = [rid for rid, entry in self.active.items() if entry[3].request_id() == request_id]
         for rid in gone:
             self.batcher.cancel(rid)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        ends = [(self.active.pop(rid)[0], None) for rid in gone]
+        ends = []
+        for rid in gone:
+            to, _, tokens, _ = self.active.pop(rid)
+            ends.append((to, None if self.decoupled else self._response(tokens)))
         ends.append((sender, pb_utils.InferenceResponse(output_tensors=[])))
         for to, response in ends:
             try:
@@ -234,9 +250,11 @@ class TritonPythonModel:
             pb_utils.Tensor("output_ids", ids), pb_utils.Tensor("sequence_length", length)])  # fmt: skip
 
     def _fail(self, senders, message, code=None):
-        """Answer requests with an error (their last response), of Triton's `code` if given."""
+        """Answer requests with an error (their last response), of Triton's `code` (its name:
+        "CANCELLED", "UNAVAILABLE") if given and this backend has it."""
         import triton_python_backend_utils as pb_utils
 
+        code = getattr(pb_utils.TritonError, code, None) if code else None
         for sender in senders:
             failure = pb_utils.TritonError(message, *(() if code is None else (code,)))
             error = pb_utils.InferenceResponse(error=failure)
@@ -261,8 +279,6 @@ class TritonPythonModel:
         """Drop the requests Triton reports cancelled (a gRPC stream cancelled, a deadline
         passed, a client gone); each hears a final CANCELLED error if it can still hear. Asked
         at most every CANCEL_POLL_S (each question is a round trip to the server process)."""
-        import triton_python_backend_utils as pb_utils
-
         now = time.monotonic()
         if now - self.polled < CANCEL_POLL_S:
             return
@@ -272,10 +288,12 @@ class TritonPythonModel:
         for rid in gone:
             senders.append(self.active.pop(rid)[0])
             self.batcher.cancel(rid)
-        self._fail(senders, "cancelled", getattr(pb_utils.TritonError, "CANCELLED", None))
+        self._fail(senders, "cancelled", "CANCELLED")
 
     def _loop(self):
-        from trt_builder.runtimes.batching import StepFailed
+        import triton_python_backend_utils as pb_utils
+
+        from trt_builder.runtimes.requests import StepFailed
 
         while not self.stopping:
             self._admit()
@@ -286,8 +304,12 @@ class TritonPythonModel:
                 continue
             try:
                 events = self.batcher.step()
-            except StepFailed as exc:  # only the requests in the failed step hear it
-                self._fail([self.active.pop(rid)[0] for rid in exc.requests], str(exc))
+            except StepFailed as exc:  # only the requests in the failed step hear it (all of
+                # them when the model process died)
+                failed = [self.active.pop(rid)[0] for rid in exc.requests if rid in self.active]
+                self._fail(failed, str(exc), exc.code)
+                if exc.code:
+                    pb_utils.Logger.log_error(f"tensorrt_llm: {exc}")
                 continue
             for event in events:
                 sender, stream, tokens, _ = self.active[event.request]
@@ -307,3 +329,4 @@ class TritonPythonModel:
         self._admit()
         pending, self.active = self.active, {}
         self._fail([entry[0] for entry in pending.values()], "the model is being unloaded")
+        self.batcher.close()
