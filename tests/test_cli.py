@@ -425,9 +425,10 @@ def test_package_check_validates_an_existing_repository(
     assert code == 0 and result is not None and result["info"]["version"] == 1
     assert result["models"] == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm"]
     config = repo / "ensemble" / "config.pbtxt"
-    config.write_text(config.read_text().replace('key: "TOKENS_BATCH"', 'key: "TOKENS"', 1))
+    # the ensemble's steps are JSON in its `steps` parameter (escaped in the text format)
+    config.write_text(config.read_text().replace('\\"QUERY\\"', '\\"QUESTION\\"', 1))
     code, _, err = _cli(capsys, "package", "--check", str(repo))
-    assert code == 8 and "ensemble ensemble: postprocessing has no input 'TOKENS'" in err
+    assert code == 8 and "ensemble ensemble: preprocessing has no input 'QUESTION'" in err
     assert len(err.strip().splitlines()) == 1
 
 

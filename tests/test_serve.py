@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,10 @@ def test_streamed_text_is_the_answer_whole_over_the_bls_model(
     tiny: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The plain repository's answer; the streaming one's, streamed by tensorrt_llm_bls (infer
-    --stream's default there), whose pieces join to exactly that answer; the ensemble's stream
-    decodes each token alone, which breaks this answer's characters (the failure the BLS model
-    is for); and a non-streamed request to the BLS model gets the answer in one response."""
+    --stream's default there) and by its ensemble (the same BLS model), whose pieces join to
+    exactly that answer, where decoding each token alone (what Triton's ensemble did with a
+    stream) breaks this answer's characters; and a non-streamed request to the BLS model gets
+    the answer in one response."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny["repository"] / "preprocessing" / "tokenizer")
@@ -130,8 +132,9 @@ def test_streamed_text_is_the_answer_whole_over_the_bls_model(
     assert streamed["model"] == "tensorrt_llm_bls" and streamed["text"] == want
     assert main(["infer", "--url", grpc, *args, "--stream"]) == 0
     assert capsys.readouterr().out == want + "\n"  # printed as they came, then a newline
+    # the streaming repository's ensemble is the BLS model too: its stream is as whole
     assert main(["infer", "--url", grpc, *args, "--stream", "--model", "ensemble", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["text"] == alone
+    assert json.loads(capsys.readouterr().out)["text"] == want
     # the pieces as they arrive: several when streamed, one when not
     from trt_builder.triton import client
 
@@ -573,10 +576,12 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
     tiny: dict[str, Any], tmp_path: Path
 ) -> None:
     """SIGKILL to tritonserver while a gRPC stream runs: the client's error says the stream
-    broke off; the backends' stubs go with the server; a new server on the same ports serves."""
+    broke off; Server.stop() then leaves no process of its group (the stubs exit when they
+    notice their server is gone, unless one was waiting on the server's answer at that moment:
+    then it hangs holding its interpreter's lock, as seen once here, and stop() kills it and
+    names it); a new server on the same ports serves."""
     import os
     import signal
-    import time
 
     import tritonclient.grpc as grpc
 
@@ -594,15 +599,10 @@ def test_killing_the_server_mid_stream_is_a_clear_error_and_serve_starts_clean_a
     with pytest.raises(TritonError, match="broke off: the server stopped or restarted"):
         for _ in results:
             pass
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the stubs notice their server is gone and exit
-        try:
-            os.killpg(server.process.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail("the Python backend's stubs outlived their server")
+    server.stop(grace=5)
+    assert not server.group() and all("tensorrt_llm_0_0" in left for left in server.left), (
+        server.left
+    )
     for left in set(Path("/tmp").glob("python_env_*")) - before:  # the killed backend's (empty)
         left.rmdir()
     with start(repository, **{**ports, "log": tmp_path / "again.log"}) as again:
@@ -658,6 +658,149 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
         server.stop(grace=5)
     assert answered < 10, f"a new request waited {answered:.1f} s behind cancelled ones"
     assert not server.killed and code == 0 and stopped < 10, (code, stopped)
+
+
+ASK = "The quick brown fox"
+#: How every error for a request cut off by a death ends.
+AGAIN = "this request was cut off; send it again"
+
+
+def _ensemble_body(tokens: int, stream: bool) -> dict[str, Any]:
+    """An ensemble request as clients send it, with no end id the model could sample: it runs
+    all `tokens`."""
+    return {"text_input": ASK, "max_tokens": tokens, "end_id": -1, "stream": stream}
+
+
+class _Call:
+    """One request in a thread of its own, as a client makes it: `how` is "http" (generate),
+    "http-stream" (generate_stream), "grpc" (a unary call), "grpc-stream" (a streamed answer
+    over a gRPC stream), "grpc-stream-whole" (an unstreamed answer over a gRPC stream) or
+    "direct" (a gRPC stream straight to tensorrt_llm); to `model` on the server at `ports`.
+    `first` is set once the first piece came (for a whole answer: once the request was sent),
+    and `leave` makes the client go away then (the connection closed, the stream cancelled).
+    `outcome`: "error: <Triton's message>", "finished", "cut: <what broke>" or "left"."""
+
+    def __init__(self, ports: dict[str, int], how: str, model: str = "ensemble", *,
+                 tokens: int = 1000, leave: bool = False) -> None:  # fmt: skip
+        import threading
+
+        self.ports, self.how, self.model, self.tokens, self.leave = ports, how, model, tokens, leave
+        self.first = threading.Event()
+        self.outcome = ""
+        self.ended = 0.0  # time.monotonic() when the outcome came
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.outcome = self._http() if self.how.startswith("http") else self._grpc()
+        except Exception as exc:  # what a client library raises when the connection breaks
+            self.outcome = f"cut: {type(exc).__name__}: {exc}"
+        finally:
+            self.ended = time.monotonic()
+            self.first.set()
+
+    def _http(self) -> str:
+        import http.client
+
+        stream = self.how == "http-stream"
+        connection = http.client.HTTPConnection("127.0.0.1", self.ports["http_port"], timeout=120)
+        path = f"/v2/models/{self.model}/generate" + ("_stream" if stream else "")
+        body = json.dumps(_ensemble_body(self.tokens, stream))
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        if not stream:
+            self.first.set()
+        answer = connection.getresponse()
+        if not stream:
+            said = json.loads(answer.read() or b"{}")
+            return f"error: {said['error']}" if "error" in said else "finished"
+        while True:
+            line = answer.fp.readline()  # not the lax line iterator: a cut body must show
+            if not line:
+                return "cut: the body ended without its last chunk"
+            if line.startswith(b"data:"):
+                said = json.loads(line[5:])
+                if "error" in said:
+                    return f"error: {said['error']}"
+                self.first.set()
+                if self.leave:
+                    connection.close()
+                    return "left"
+            elif line.strip() == b"0":  # the chunked body's end
+                return "finished"
+
+    def _grpc(self) -> str:
+        import queue
+
+        import tritonclient.grpc as grpc
+
+        client = grpc.InferenceServerClient(f"127.0.0.1:{self.ports['grpc_port']}")
+        if self.how == "direct":
+            inputs = _ids_request(grpc, [5, 17, 42], self.tokens, streaming=True)
+        else:
+            from trt_builder.triton import client as triton_client
+
+            ask = triton_client.Request(prompt=ASK, max_tokens=self.tokens)
+            inputs = triton_client._inputs(grpc, ask, self.how == "grpc-stream")
+            end = grpc.InferInput("end_id", [1, 1], "INT32")
+            end.set_data_from_numpy(np.array([[-1]], np.int32))
+            inputs.append(end)
+        if self.how == "grpc":
+            self.first.set()
+            try:
+                client.infer(self.model, inputs, client_timeout=120)
+            except grpc.InferenceServerException as exc:
+                return f"error: {exc.message()}"
+            return "finished"
+        came: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: came.put((result, error)))
+        client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+        if self.how == "grpc-stream-whole":
+            self.first.set()
+        try:
+            while True:
+                result, error = came.get(timeout=120)
+                if error is not None:
+                    status = str(getattr(error, "status", lambda: "")() or "")
+                    broke = "Stream removed" in str(error) or "Socket closed" in str(error)
+                    said = " ".join(part for part in (status, error.message()) if part)
+                    return f"{'cut' if broke else 'error'}: {said}"
+                self.first.set()
+                if self.leave:
+                    client.stop_stream(cancel_requests=True)
+                    return "left"
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return "finished"
+        finally:
+            client.stop_stream()
+            client.close()
+
+    def join(self, seconds: float) -> str:
+        self.thread.join(timeout=seconds)
+        return self.outcome or "(still waiting)"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU time of process `pid` so far."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _computing_for(pid: int, since: float, limit: float = 30.0) -> float:
+    """Seconds after `since` (a time.monotonic()) until process `pid` stops computing: until
+    its CPU time grows less than 0.02 s in 0.2 s. AssertionError if it still computes after
+    `limit` seconds."""
+    before = _cpu_seconds(pid)
+    while True:
+        time.sleep(0.2)
+        now = _cpu_seconds(pid)
+        if now - before < 0.02:
+            return time.monotonic() - since
+        before = now
+        assert time.monotonic() - since < limit, f"still computing {limit:g} s later"
 
 
 class _Serve:
@@ -727,6 +870,35 @@ class _Serve:
         assert shm and list(Path("/dev/shm").glob(f"{shm[1]}*")), argv
         return mine[0], shm[1]
 
+    def triton(self) -> int:
+        """The pid of the tritonserver serve runs now (its process group's too)."""
+        import subprocess
+
+        found = subprocess.run(["pgrep", "-f", f"bin/tritonserver .*--http-port={self.ports['http_port']}"],
+                               capture_output=True, text=True).stdout.split()  # fmt: skip
+        assert len(found) == 1, found
+        return int(found[0])
+
+    def group(self, pgid: int) -> list[str]:
+        """The living processes of process group `pgid`, as `pid command line`."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                argv = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(f"{stat.parent.name} {argv.strip()}")
+        return found
+
+    def model_process(self) -> int:
+        """The pid of the tensorrt_llm model's model process (the reference backend's)."""
+        mine = [int(line.split()[0]) for line in self.group(self.triton())
+                if "trt_builder.runtimes.model_process tensorrt_llm_0_0" in line]  # fmt: skip
+        assert len(mine) == 1, mine
+        return mine[0]
+
     def stop(self) -> int:
         import signal
 
@@ -735,69 +907,153 @@ class _Serve:
         return self.process.wait(timeout=60)
 
 
-def test_a_killed_model_process_ends_its_streams_and_serve_restarts_the_server(
-    tiny: dict[str, Any], tmp_path: Path
+@pytest.fixture(scope="module")
+def default_streaming(
+    default_build: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Path]:
+    """The README's int8 build of the default model packaged as a streaming repository (its
+    stages up to package come from the build's cache): the build result, the repository."""
+    cwd, _ = default_build
+    root = tmp_path_factory.mktemp("default-streaming")
+    result = run(make_spec(out=cwd / "engines", triton_root=root / "triton", dtype="int8",
+                           **{"triton.streaming": True}))  # fmt: skip
+    return result, result.layout.triton
+
+
+def _answers_as_the_runtime(result: Any, url: str) -> None:
+    from transformers import AutoTokenizer
+
+    end = {
+        AutoTokenizer.from_pretrained(
+            result.layout.triton / "preprocessing" / "tokenizer"
+        ).eos_token_id
+    }
+    want = CheckpointRuntime.load(result.layout.checkpoint).greedy([5, 17, 42], 6, end)
+    assert TritonRuntime(url).greedy_batch([[5, 17, 42]], 6, end) == [want]
+
+
+def test_a_dead_model_process_ends_every_request_with_an_error_naming_it(
+    default_streaming: tuple[Any, Path], tmp_path: Path
 ) -> None:
-    """SIGKILL to the tensorrt_llm model's stub with 4 streams in flight, under `trt-builder
-    serve`: each client gets an error within 10 s, readiness is false, and within 60 s the
-    server serves again, answers as the checkpoint runtime does, and the killed one's
-    shared-memory regions are gone. Before, the clients heard nothing for 60 s and readiness
-    stayed 200 while every request failed."""
+    """`trt-builder serve` of the default model's int8 streaming repository. SIGKILL to the
+    tensorrt_llm model's model process with requests in flight on every protocol, through the
+    ensemble (HTTP, HTTP stream, a streamed and a whole answer over gRPC streams) and straight
+    to tensorrt_llm: each ends within 10 s with an error naming the process and the signal;
+    serve says the death and its counted restart, readiness turns false, and the new server
+    answers as the checkpoint runtime does. Then SIGKILL to the tensorrt_llm stub with streams
+    through the ensemble: each ends with an error naming the dead stub (before, they ended as
+    empty successes); a stream straight to tensorrt_llm, which the Python backend never answers
+    once its stub is dead, breaks off when the server is restarted. SIGTERM then exits 0."""
     import os
-    import re
     import signal
-    import threading
     import time
 
-    import tritonclient.grpc as grpc
-
-    from trt_builder.triton.client import stream_results
-
-    serve = _Serve(tiny["streaming_repository"], tmp_path)
+    result, repository = default_streaming
+    serve = _Serve(repository, tmp_path)
     try:
         serve.serving()
-        grpc_url = f"127.0.0.1:{serve.ports['grpc_port']}"
-        ended: list[tuple[float, str]] = []
-        started = threading.Barrier(5)
+        ways = ["http", "http-stream", "grpc-stream", "grpc-stream-whole"]
+        calls = [_Call(serve.ports, how) for how in ways] + [
+            _Call(serve.ports, "direct", "tensorrt_llm")
+        ]
+        for call in calls:
+            assert call.first.wait(60), (call.how, call.outcome)
+        time.sleep(1.0)  # the whole answers' requests are in the batch
+        worker = serve.model_process()
+        os.kill(worker, signal.SIGKILL)
+        # the signal where the model hears it; the death where the BLS model sees it
+        died = f"model process tensorrt_llm_0_0 (PyTorch, pid {worker}) "
+        outcomes = {call.how: call.join(10) for call in calls}
+        assert outcomes.pop("direct") == f"error: {died}was killed by SIGKILL: {AGAIN}", outcomes
+        assert all(o.startswith("error: ") and f"{died}died: {AGAIN}" in o
+                   for o in outcomes.values()), outcomes  # fmt: skip
+        serve.wait(lambda: not serve.ready(), 10)
+        assert any("model process tensorrt_llm_0_0 (PyTorch) died: restarting tritonserver "
+                   "(restart 1 of at most 3" in line for line in serve.lines), serve.lines  # fmt: skip
+        serve.serving(times=2)
+        _answers_as_the_runtime(result, f"grpc://127.0.0.1:{serve.ports['grpc_port']}")
 
-        def client() -> None:
-            results = stream_results(grpc.InferenceServerClient(grpc_url), "tensorrt_llm",
-                                     _ids_request(grpc, [5, 17, 42], 2000, streaming=True),
-                                     timeout=60)  # fmt: skip
-            next(results)
-            started.wait()
-            try:
-                for _ in results:
-                    pass
-                ended.append((time.monotonic(), "finished"))
-            except TritonError as exc:
-                ended.append((time.monotonic(), str(exc)))
-
-        threads = [threading.Thread(target=client) for _ in range(4)]
-        for t in threads:
-            t.start()
-        started.wait(timeout=60)
-        stub, shm = serve.stub()
-        killed_at = time.monotonic()
+        calls = [_Call(serve.ports, how) for how in ("http-stream", "grpc-stream")]
+        calls.append(_Call(serve.ports, "direct", "tensorrt_llm"))
+        for call in calls:
+            assert call.first.wait(60), (call.how, call.outcome)
+        stub, _ = serve.stub()
         os.kill(stub, signal.SIGKILL)
-        for t in threads:
-            t.join(timeout=30)
-        assert len(ended) == 4 and all(at - killed_at < 10 for at, _ in ended), ended
-        assert all("broke off" in why for _, why in ended), ended
-        assert not serve.ready()  # the killed server is down; the new one not yet ready
-        back = serve.serving(times=2)  # "serving" and "serving again"
-        assert not list(Path("/dev/shm").glob(f"{shm}*"))  # what the killed server left
-        want = tiny["runtime"].greedy([5, 17, 42], 6, {2})
-        assert TritonRuntime(f"grpc://{grpc_url}").greedy_batch([[5, 17, 42]], 6, {2}) == [want]
-        # the stub's death is seen, or tritonserver's own abort that it can cause (2.51's Python
-        # backend: boost::interprocess::lock_exception), whichever comes first
-        death = re.compile(r"(model process tensorrt_llm_0_0 died|tritonserver exited by itself "
-                           r"with -?\d+): restarting tritonserver \(restart 1 of at most 3")  # fmt: skip
-        assert any(death.search(line) for line in serve.lines), serve.lines
-        assert back < 60
+        gone = f"model process tensorrt_llm_0_0 (Python-backend stub, pid {stub}) died: {AGAIN}"
+        outcomes = {call.how: call.join(10) for call in calls}
+        direct = outcomes.pop("direct")
+        assert all(o.startswith("error: ") and gone in o for o in outcomes.values()), outcomes
+        assert direct.startswith("cut: "), direct
+        serve.serving(times=3)
+        assert any("restart 2 of at most 3" in line for line in serve.lines), serve.lines
+        _answers_as_the_runtime(result, f"grpc://127.0.0.1:{serve.ports['grpc_port']}")
     finally:
         code = serve.stop()
     assert code == 0, serve.lines
+
+
+def test_clients_that_leave_through_the_ensemble_stop_their_work_and_sigterm_exits_0(
+    default_streaming: tuple[Any, Path], tmp_path: Path
+) -> None:
+    """`trt-builder serve` of the default model's int8 streaming repository. 10 clients of
+    /v2/models/ensemble/generate_stream, each gone (its connection closed) after its first
+    piece, then 10 gRPC streams to the ensemble, each cancelled after its first piece (1000
+    tokens asked, no end id): each time the model process stops computing within 3 s of the
+    last departure (before, it went on for 16 s), a new request is answered as the checkpoint
+    runtime answers it, and SIGTERM then makes serve exit 0 within 10 s with no process of
+    its server's group left (before: exit 12 after 10.5 s, two stubs left running)."""
+    import time
+
+    result, repository = default_streaming
+    serve = _Serve(repository, tmp_path)
+    try:
+        serve.serving()
+        group = serve.triton()
+        worker = serve.model_process()
+        for how in ("http-stream", "grpc-stream"):
+            calls = [_Call(serve.ports, how, leave=True) for _ in range(10)]
+            assert [call.join(120) for call in calls] == ["left"] * 10, [c.outcome for c in calls]
+            stopped = _computing_for(worker, max(call.ended for call in calls))
+            assert stopped < 3, f"{how}: the model process computed {stopped:.1f} s after they left"
+            _answers_as_the_runtime(result, f"grpc://127.0.0.1:{serve.ports['grpc_port']}")
+        asked = time.monotonic()
+        code = serve.stop()
+        took = time.monotonic() - asked
+    finally:
+        serve.stop()
+    assert code == 0 and took < 10, (code, took, serve.lines)
+    assert not serve.group(group), serve.group(group)
+    assert not any("killed what" in line for line in serve.lines), serve.lines
+
+
+def test_in_a_plain_repository_a_dead_model_process_fails_its_requests_and_the_next_is_answered(
+    tiny: dict[str, Any],
+) -> None:
+    """A plain (not streaming) repository, Triton's own ensemble, no serve watching: SIGKILL
+    to the tensorrt_llm model's model process with an HTTP and a gRPC request in flight
+    through the ensemble; each ends within 10 s with the error naming the process and the
+    signal, and the next request starts a new model process, which answers it rightly."""
+    import os
+    import signal
+    import time
+
+    from trt_builder.triton.client import Request, generate
+
+    server = tiny["plain"]
+    ports = {"http_port": server.http_port, "grpc_port": server.grpc_port}
+    want = generate(server.http_url, Request(prompt=ASK, max_tokens=8))
+    (worker,) = [pid for pid, name in server.model_processes().items()
+                 if name == "tensorrt_llm_0_0 (PyTorch)"]  # fmt: skip
+    calls = [_Call(ports, how, tokens=2000) for how in ("http", "grpc")]
+    for call in calls:
+        assert call.first.wait(60)
+    time.sleep(1.0)  # both in the batch
+    os.kill(worker, signal.SIGKILL)
+    died = f"model process tensorrt_llm_0_0 (PyTorch, pid {worker}) was killed by SIGKILL: {AGAIN}"
+    outcomes = [call.join(10) for call in calls]
+    assert all(o.startswith("error: ") and died in o for o in outcomes), outcomes
+    assert generate(server.http_url, Request(prompt=ASK, max_tokens=8)) == want
+    assert worker not in server.model_processes()
 
 
 def test_serve_gives_up_after_three_restarts_and_exits_12(
@@ -890,3 +1146,58 @@ def test_a_new_version_is_loaded_while_requests_flow_and_none_fails(
     assert ready == {
         (m, "2") for m in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing")
     }
+
+
+def test_in_a_plain_repository_a_grpc_deadline_through_the_ensemble_stops_its_work(
+    tiny: dict[str, Any],
+) -> None:
+    """A plain repository's ensemble (the BLS model, one response per request): a gRPC call
+    whose 0.5 s deadline passes early in an answer that takes seconds whole (timed first, on
+    this machine): the model process stops computing well before the rest of the answer would
+    have taken (Triton's ensemble scheduler told the running step nothing: it ran to the end).
+    An HTTP client of /generate that closes its connection is not seen: docs/triton.md."""
+    import tritonclient.grpc as grpc
+
+    from trt_builder.triton import client as triton_client
+
+    server = tiny["plain"]
+    (worker,) = [pid for pid, name in server.model_processes().items()
+                 if name == "tensorrt_llm_0_0 (PyTorch)"]  # fmt: skip
+    client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+    ask = triton_client.Request(prompt=ASK, max_tokens=2000)
+    inputs = triton_client._inputs(grpc, ask, False)
+    inputs.append(grpc.InferInput("end_id", [1, 1], "INT32"))
+    inputs[-1].set_data_from_numpy(np.array([[-1]], np.int32))
+    started = time.monotonic()
+    client.infer("ensemble", inputs, client_timeout=120)  # the whole answer
+    whole = time.monotonic() - started
+    with pytest.raises(grpc.InferenceServerException, match="Deadline"):
+        client.infer("ensemble", inputs, client_timeout=0.5)
+    stopped = _computing_for(worker, time.monotonic())
+    client.close()
+    assert whole > 1.5 and stopped < (whole - 0.5) * 0.6, (whole, stopped)
+
+
+def test_serve_loads_a_new_version_without_taking_its_old_processes_for_deaths(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Under `trt-builder serve`, `package` publishes version 2: serve says it loaded it, the
+    old version's stubs and model process exit as it unloads, and serve does not take that for
+    a death (no restart), then answers with version 2 and exits 0 on SIGTERM."""
+    from trt_builder.triton.client import Request, generate
+
+    _, repository = _package(tiny_llama, tmp_path / "build", dtype="float32")
+    serve = _Serve(repository, tmp_path)
+    try:
+        serve.serving()
+        old = serve.model_process()
+        _package(tiny_llama, tmp_path / "build", dtype="float32",
+                 **{"triton.kv_cache_free_gpu_mem_fraction": 0.8})  # fmt: skip
+        serve.wait(lambda: any("version 2 of" in line for line in serve.lines), 120)
+        serve.wait(lambda: not Path(f"/proc/{old}").exists(), 30)  # the old one unloaded
+        time.sleep(2.5)  # two more looks by serve
+        assert not any("restart" in line for line in serve.lines), serve.lines
+        assert generate(serve.url, Request(prompt=ASK, max_tokens=4))
+    finally:
+        code = serve.stop()
+    assert code == 0, serve.lines

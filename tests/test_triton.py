@@ -102,18 +102,25 @@ def _edit(repo: Path, model: str, old: str, new: str) -> None:
 @pytest.mark.parametrize(
     ("model", "old", "new", "needle"),
     [
+        # the ensemble (the BLS model) names its steps in its `steps` parameter: JSON, escaped
         (
             "ensemble",
-            'model_name: "postprocessing"',
-            'model_name: "postprocess"',
-            "step model 'postprocess' is not in the repository",
+            '[[\\"preprocessing\\", {',
+            '[[\\"preprocess\\", {',
+            "step model 'preprocess' is not in the repository",
         ),
-        ("ensemble", 'key: "QUERY"', 'key: "PROMPT"', "preprocessing has no input 'PROMPT'"),
+        ("ensemble", '\\"QUERY\\"', '\\"PROMPT\\"', "preprocessing has no input 'PROMPT'"),
         (
             "ensemble",
-            'value: "_TOKENS_BATCH"\n    }\n    output_map',
-            'value: "_TOKENS"\n    }\n    output_map',
-            "tensor '_TOKENS_BATCH' feeding postprocessing.TOKENS_BATCH is produced by no earlier step",
+            '\\"input_lengths\\": \\"_REQUEST_INPUT_LEN\\"',
+            '\\"input_lengths\\": \\"_INPUT_LEN\\"',
+            "tensor '_INPUT_LEN' feeding tensorrt_llm.input_lengths is produced by no earlier step",
+        ),
+        (
+            "ensemble",
+            "model_transaction_policy {\n}",
+            "model_transaction_policy {\n  decoupled: true\n}",
+            "model ensemble: its last step must be a decoupled tensorrt_llm model",
         ),
         (
             "tensorrt_llm",
@@ -158,7 +165,7 @@ def test_unmapped_required_input(repo: Path) -> None:
     _edit(
         repo,
         "ensemble",
-        'input_map {\n      key: "input_lengths"\n      value: "_REQUEST_INPUT_LEN"\n    }\n',
+        '\\"input_lengths\\": \\"_REQUEST_INPUT_LEN\\", ',
         "",
     )
     with pytest.raises(
@@ -292,10 +299,21 @@ def test_a_streaming_repository_has_the_bls_model_wired_as_the_ensemble(
     _edit(root, "tensorrt_llm_bls", "REQUEST_OUTPUT_LEN", "OUTPUT_LEN")
     with pytest.raises(PackageError, match="preprocessing has no input 'OUTPUT_LEN'"):
         validate_repository(root)
+    # the ensemble is the same model, under its own name
+    assert ensemble.backend == "python" and ensemble.model_transaction_policy.decoupled
+    assert [(k, v.string_value) for k, v in sorted(ensemble.parameters.items())] == [
+        (k, v.string_value) for k, v in sorted(bls.parameters.items())
+    ]
+    source = (root / "tensorrt_llm_bls" / "1" / "model.py").read_text()
+    assert (root / "ensemble" / "1" / "model.py").read_text() == source
     plain = tmp_path / "plain"
     plain.mkdir()
     write_repository(plain, OPTS, sorted(tokenizer_dir.iterdir()), None)
-    assert "tensorrt_llm_bls" not in validate_repository(plain)
+    configs = validate_repository(plain)
+    assert "tensorrt_llm_bls" not in configs
+    assert configs["ensemble"].backend == "python" and not configs["ensemble"].platform
+    assert not configs["ensemble"].model_transaction_policy.decoupled
+    assert (plain / "ensemble" / "1" / "model.py").read_text() == source
 
 
 def test_preprocessing_handles_a_batch_and_the_generation_config_end_id(

@@ -393,6 +393,9 @@ def serve_cli(repository: Path, http_port: int, grpc_port: int, metrics_port: in
         if supervisor is not None:
             server = supervisor.server  # the one serving now, after any restarts
         code = server.stop()
+    if server.left:  # the group is waited for: what outlived the server is named, then killed
+        err.print(f"killed what tritonserver left running after it exited: "
+                  f"{', '.join(server.left)}", soft_wrap=True)  # fmt: skip
     if supervisor is not None and supervisor.restarting:  # stopped while a new one started
         err.print("tritonserver stopped (during a restart)")
         return

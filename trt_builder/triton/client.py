@@ -197,7 +197,8 @@ STREAM_MODEL = "tensorrt_llm_bls"
 def stream_model(client: Any) -> str:
     """What a stream goes to when no model is named: the llmapi model of an llmapi repository;
     tensorrt_llm_bls where the server serves it (its pieces are whole characters), else the
-    ensemble (each piece decoded alone)."""
+    ensemble (the same model in a repository trt-builder writes now; in an older one, Triton's
+    ensemble, which decodes each piece alone)."""
     if is_llmapi(client):
         return LLMAPI_MODEL
     try:

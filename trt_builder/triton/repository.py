@@ -255,41 +255,33 @@ def model_configs(opts: RepositoryOptions) -> dict[str, mc.ModelConfig]:
         dynamic_batching=mc.ModelDynamicBatching(),
     )
     _params(post, {"tokenizer_dir": "../preprocessing/tokenizer", "skip_special_tokens": "true"})
-    steps = [
-        mc.ModelEnsembling.Step(
-            model_name=model, model_version=-1, input_map=inputs, output_map=outputs
-        )
-        for model, inputs, outputs in ENSEMBLE_STEPS
-    ]
-    ens = mc.ModelConfig(
-        name="ensemble",
-        platform="ensemble",
-        max_batch_size=opts.max_batch_size,
-        input=_io(mc.ModelInput, ENSEMBLE_IN),
-        output=_io(mc.ModelOutput, ENSEMBLE_OUT),
-        ensemble_scheduling=mc.ModelEnsembling(step=steps),
-    )  # no transaction policy: an ensemble with a decoupled step streams by itself
-    configs = {"ensemble": ens, "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
-    if opts.decoupled:  # streamed text needs one model that sees the whole stream
-        configs[BLS] = bls_config(opts.max_batch_size)
+    # the ensemble is the BLS model, not Triton's ensemble scheduler, which tells a running
+    # step neither that its client left nor (through a stream) how its text joins up
+    configs = {"ensemble": bls_config(opts.max_batch_size, opts.decoupled, "ensemble"),
+               "preprocessing": pre, "tensorrt_llm": llm, "postprocessing": post}  # fmt: skip
+    if opts.decoupled:  # under upstream's name too, where clients of its BLS look for it
+        configs[BLS] = bls_config(opts.max_batch_size, opts.decoupled)
     return configs
 
 
-#: The model that answers the ensemble's requests with whole streamed text (upstream's name).
+#: The BLS model's name in tensorrtllm_backend, which a streaming repository serves it as too.
 BLS = "tensorrt_llm_bls"
+#: model.py of each python model whose source is another model's (name -> that model's name).
+SOURCES = {"ensemble": BLS}
 
 
-def bls_config(max_batch_size: int) -> mc.ModelConfig:
-    """tensorrt_llm_bls: the ensemble's inputs and output; it runs the ensemble's first two
-    steps (given as data in `steps`) by BLS and detokenizes the stream itself."""
+def bls_config(max_batch_size: int, decoupled: bool, name: str = BLS) -> mc.ModelConfig:
+    """The BLS model (tensorrt_llm_bls's model.py) as `name`: the ensemble's inputs and output;
+    it runs the ensemble's first two steps (given as data in `steps`) by BLS and detokenizes
+    the answer itself, streamed where `decoupled` (as tensorrt_llm is)."""
     bls = mc.ModelConfig(
-        name=BLS,
+        name=name,
         backend="python",
         max_batch_size=max_batch_size,
         input=_io(mc.ModelInput, ENSEMBLE_IN),
         output=_io(mc.ModelOutput, ENSEMBLE_OUT),
         instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
-        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=decoupled),
     )
     _params(bls, {
         "tokenizer_dir": "../preprocessing/tokenizer",
@@ -323,7 +315,8 @@ def write_repository(
         (work / name / version).mkdir(parents=True)
         (work / name / "config.pbtxt").write_text(text_format.MessageToString(config))
         if config.backend == "python":  # preprocessing, postprocessing, the reference backend
-            (work / name / version / "model.py").write_text((models / f"{name}.py").read_text())
+            source = models / f"{SOURCES.get(name, name)}.py"
+            (work / name / version / "model.py").write_text(source.read_text())
     tokenizer_dir = work / "preprocessing" / "tokenizer"
     tokenizer_dir.mkdir()
     for path in tokenizer_files:  # read by transformers 4.57 in TensorRT-LLM 1.x's containers
@@ -393,14 +386,14 @@ def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
     for name, config in configs.items():
         if config.platform == "ensemble":
             _check_ensemble(name, config, configs)
-        if name == BLS:
+        if config.backend == "python" and "steps" in config.parameters:  # a BLS model
             _check_bls(name, config, configs)
     return configs
 
 
 def _check_bls(name: str, bls: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> None:
-    """The BLS model's steps are wired as an ensemble's would be, to a decoupled
-    tensorrt_llm (what its streamed responses come from)."""
+    """The BLS model's steps are wired as an ensemble's would be, to a tensorrt_llm that
+    streams where it streams (its transaction policy is the one it calls with)."""
     try:
         steps = json.loads(bls.parameters["steps"].string_value)
         as_ensemble = mc.ModelConfig(name=name, input=bls.input, ensemble_scheduling=mc.ModelEnsembling(step=[
@@ -412,8 +405,11 @@ def _check_bls(name: str, bls: mc.ModelConfig, configs: dict[str, mc.ModelConfig
         ) from None
     _check_ensemble(name, as_ensemble, configs)
     llm = configs.get(steps[-1][0]) if steps else None
-    if llm is None or not llm.model_transaction_policy.decoupled:
-        raise PackageError(f"model {name}: its last step must be the decoupled tensorrt_llm model")
+    decoupled = bls.model_transaction_policy.decoupled
+    if llm is None or llm.model_transaction_policy.decoupled != decoupled:
+        how = "a decoupled" if decoupled else "a non-decoupled"
+        raise PackageError(f"model {name}: its last step must be {how} tensorrt_llm model, as "
+                           "it is (model_transaction_policy)")  # fmt: skip
 
 
 def _check_engine_path(root: Path, name: str, config: mc.ModelConfig) -> None:

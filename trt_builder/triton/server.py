@@ -35,17 +35,25 @@ from pathlib import Path
 from ..core.errors import InputError, PackageError, TritonError
 from .llmapi import TEMPLATE, latest_version, template_here, uses_template
 from .repository import current_version, validate_repository
-from .serve import MODELS, serve_command, served_models
+from .serve import serve_command, served_models
 
 #: The environment variable that names a tritonserver executable to use.
 EXECUTABLE_ENV = "TRT_BUILDER_TRITONSERVER"
 NGC = Path("/opt/tritonserver/bin/tritonserver")
 #: The Python backend's stub: one process per model instance.
 STUB = "triton_python_backend_stub"
+#: The reference backend's model process (runtimes/model_process.py), by its command line.
+MODEL_PROCESS = "trt_builder.runtimes.model_process"
 #: serve restarts a server whose model process died at most this often in this many seconds,
 #: then exits 12, for a process supervisor (systemd, Kubernetes) to take over.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600
+#: Seconds a server whose model process died is given, after SIGTERM (readiness false at once),
+#: for its living models to answer the cut-off requests with their errors, before it is killed.
+DEATH_GRACE_S = 2.0
+#: Seconds stop() waits, after tritonserver exits, for the rest of its process group (the
+#: stubs, the model processes) before it kills what is left.
+GROUP_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,7 @@ class Server:
     metrics_port: int = 0
     shm_prefix: str = ""  # its Python backend's shared-memory regions: /dev/shm/<prefix>*
     stubs: dict[int, str] = field(default_factory=dict)  # its model processes when it was ready
+    left: list[str] = field(default_factory=list)  # what stop() killed after the server exited
 
     @property
     def http_url(self) -> str:
@@ -162,38 +171,66 @@ class Server:
     def stop(self, grace: float = 30.0) -> int:
         """SIGTERM to the process group (mpirun's ranks, the backends' stubs), SIGKILL after
         `grace` seconds; the server's exit code. `killed` says whether it had to be killed.
-        Signals the group even when the server itself has exited, for stubs it left behind."""
+        Signals the group even when the server itself has exited, for stubs it left behind;
+        then waits GROUP_WAIT_S for the rest of the group to exit and kills what is left,
+        naming it in `left`: nothing of the server outlives stop()."""
         _signal_group(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.killed = True
             self.kill()
+        deadline = time.monotonic() + GROUP_WAIT_S
+        while self.group() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self.group()
+        if left:
+            self.left = [f"{name} (pid {pid})" for pid, name in sorted(left.items())]
+            self.kill()
         return self.process.returncode
+
+    def group(self) -> dict[int, str]:
+        """The living processes of the server's process group, but the server: pid to what
+        it is (a model instance's stub or model process, else its command name)."""
+        named = {pid: name for pid, name in self.model_processes().items() if name}
+        found = {}
+        for pid, (comm, state, _) in _group(self.process.pid).items():
+            if pid != self.process.pid and state != "Z":
+                found[pid] = named.get(pid, comm)
+        return found
 
     def kill(self) -> None:
         """SIGKILL to the whole group, and remove the shared-memory regions its killed Python
         backend stubs leave in /dev/shm."""
         _signal_group(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        deadline = time.monotonic() + GROUP_WAIT_S  # killed: gone once their parents reap them
+        while self.group() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if self.shm_prefix:
             for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
                 region.unlink(missing_ok=True)
 
     def restart(self, timeout: float = 300.0) -> Server:
-        """The same repository on the same ports in a fresh tritonserver, this one killed
-        first (a dead model process leaves its requests hanging, which a drain would wait for:
-        killing ends them with a connection error at once). TritonError if it does not start."""
+        """The same repository on the same ports in a fresh tritonserver. This one is given
+        SIGTERM first (its readiness turns false at once) and DEATH_GRACE_S for its living
+        models to answer what the death cut off with errors, then killed (a dead stub's
+        requests would hold a drain to its end). TritonError if the new one does not start."""
         assert self.repository is not None
+        _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=DEATH_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
         return start(self.repository, http_port=self.http_port, grpc_port=self.grpc_port,
                      metrics_port=self.metrics_port, timeout=timeout)  # fmt: skip
 
     def reload(self, timeout: float = 300.0) -> int | None:
         """Load the version the repository's link points to now, if it is not the one loaded:
-        one explicit `load` of the ensemble, which makes Triton poll it and its composing
-        models (each keeps serving its old version until the new one is ready), then one of
-        tensorrt_llm_bls where the new version has it. The version
+        one explicit `load` of each served model, composing models first (each keeps serving
+        its old version until the new one is ready; a streaming repository's `ensemble` is a
+        BLS model, which a load does not cascade from). The version
         loaded, or None when nothing changed; TritonError with Triton's reason if it failed
         (the version that was serving still serves; that version is not tried again)."""
         version = None if self.repository is None else current_version(self.repository)
@@ -208,11 +245,8 @@ class Server:
                 f"version {version} of {self.repository} was not loaded: {exc}; "
                 f"version {self.version} still serves"
             ) from None
-        # the models outside the ensemble (tensorrt_llm_bls) are not composing models of it:
-        # a load of their own each, after it
-        models = ["ensemble"] + [m for m in served_models(configs) if m not in MODELS]
         try:
-            for model in models:
+            for model in served_models(configs):
                 url = f"{self.http_url}/v2/repository/models/{model}/load"
                 with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
                                             timeout=timeout):  # fmt: skip
@@ -232,22 +266,18 @@ class Server:
         return version
 
     def model_processes(self) -> dict[int, str | None]:
-        """The Python-backend stubs in the server's process group: pid to the model instance it
-        runs (`tensorrt_llm_0_0`, ...), or None for one that died and that tritonserver has not
-        reaped (a zombie keeps its command name, not its arguments)."""
+        """The model processes in the server's process group: pid to what runs there, a
+        Python-backend stub's model instance (`tensorrt_llm_0_0`, ...) or the reference
+        backend's model process an instance started (`tensorrt_llm_0_0 (PyTorch)`), or None
+        for one that died unreaped (a zombie keeps its command name, not its arguments)."""
         found: dict[int, str | None] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-                comm = text[text.index("(") + 1 : text.rindex(")")]
-                fields = text.rsplit(")", 1)[1].split()
-                if int(fields[2]) != self.process.pid or comm != STUB[:15]:  # 15 characters kept
-                    continue
-                argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue  # it exited while being read
-            alive = fields[0] != "Z" and len(argv) > 8
-            found[int(stat.parent.name)] = argv[8].decode(errors="replace") if alive else None
+        for pid, (comm, state, argv) in _group(self.process.pid).items():
+            if comm == STUB[:15]:  # 15 characters kept
+                alive = state != "Z" and len(argv) > 8
+                found[pid] = argv[8] if alive else None
+            elif MODEL_PROCESS in argv:
+                at = argv.index(MODEL_PROCESS) + 1
+                found[pid] = f"{argv[at]} (PyTorch)" if state != "Z" and at < len(argv) else None
         return found
 
     def __enter__(self) -> Server:
@@ -265,15 +295,19 @@ class Supervisor:
     supervisor to take over. A new version `package` publishes is loaded (Server.reload).
 
     A restart, not a reload through model control: a stub killed mid-request leaves its
-    requests hanging (their clients hear nothing) and can abort tritonserver itself (the
-    Python backend's `boost::interprocess::lock_exception`, seen on 2.51). Killing the server
-    ends every stream at once with a connection error, and readiness with it."""
+    requests hanging (the Python backend never answers them) and can abort tritonserver itself
+    (the Python backend's `boost::interprocess::lock_exception`, seen on 2.51). The server is
+    given SIGTERM (readiness false at once) and DEATH_GRACE_S for the living models to answer
+    what the death cut off with errors (the reference backend for its model process, the BLS
+    model for a tensorrt_llm stub), then killed, which ends any stream left with a connection
+    error. Until the new server is ready, readiness stays false."""
 
     def __init__(self, server: Server, *, timeout: float, say: Callable[[str], None]) -> None:
         self.server, self.timeout, self.say = server, timeout, say
         self.restarts: deque[float] = deque()
         self.restarting = False
         self.seen = dict(server.stubs)  # every model process seen alive in this server
+        self.retired: set[int] = set()  # those of versions a reload replaced: not watched
 
     def run(self) -> None:
         """Watch until interrupted (KeyboardInterrupt propagates; the caller stops
@@ -292,14 +326,17 @@ class Supervisor:
             except TritonError as exc:  # reported once; the old version goes on serving
                 self.say(str(exc))
                 continue
-            if loaded is not None:
+            if loaded is not None:  # the old version's processes exit as it unloads
+                self.retired |= self.seen.keys()
+                self.seen = {}
                 self.say(f"version {loaded} of {self.server.repository} loaded")
 
     def _deaths(self) -> str:
         code = self.server.process.poll()
         if code is not None:
             return f"tritonserver exited by itself with {code}"
-        found = self.server.model_processes()
+        found = {pid: name for pid, name in self.server.model_processes().items()
+                 if pid not in self.retired}  # fmt: skip
         self.seen |= {pid: name for pid, name in found.items() if name is not None}
         # gone since seen, or a zombie (also one that died before the first look)
         dead = {self.seen.get(pid, f"(pid {pid}, dead before it was named)")
@@ -323,8 +360,25 @@ class Supervisor:
         self.restarting = True  # an interrupt now: start() stops what it began, this one is dead
         self.server = self.server.restart(self.timeout)
         self.restarting = False
-        self.seen = dict(self.server.stubs)
+        self.seen, self.retired = dict(self.server.stubs), set()
         self.say(f"serving again on {self.server.http_url} (log: {self.server.log})")
+
+
+def _group(pgid: int) -> dict[int, tuple[str, str, list[str]]]:
+    """The processes of process group `pgid`: pid to (command name, state, argv)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            fields = text.rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            comm = text[text.index("(") + 1 : text.rindex(")")]
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # it exited while being read
+        found[int(stat.parent.name)] = (comm, fields[0], [a.decode(errors="replace") for a in argv])
+    return found
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -1,19 +1,26 @@
-"""Triton python model `tensorrt_llm_bls`: the ensemble's request, answered through
-preprocessing and tensorrt_llm by Business Logic Scripting, with the text detokenized as one
-stream. Written for trt-builder (upstream's tensorrtllm_backend has a model of the same name and
-purpose; this one is not its code).
+"""Triton python model `ensemble` (and `tensorrt_llm_bls`, upstream's name, in a streaming
+repository): the ensemble's request, answered through preprocessing and tensorrt_llm by Business
+Logic Scripting, with the text detokenized as one stream. Written for trt-builder (upstream's
+tensorrtllm_backend has a model named tensorrt_llm_bls of the same purpose; this one is not its
+code).
 
-Why it exists: in the ensemble, Triton runs postprocessing once per streamed response, with
-nothing that ties one response to the next, so each piece is decoded alone and a character
-whose bytes span two tokens arrives as U+FFFD. Here one thread sees a request's whole stream:
-each piece is what the decode of all tokens so far adds, held back while it ends in an
-incomplete character or in whitespace (which a tokenizer's clean-up may still take back), so
-the pieces concatenate to exactly the decode of the whole answer, which is what a request
-without streaming gets.
+Why not Triton's ensemble scheduler, in 2.51 and since (core's ensemble_scheduler.cc):
+- it runs postprocessing once per streamed response, with nothing that ties one response to
+  the next, so each piece is decoded alone and a character whose bytes span two tokens arrives
+  as U+FFFD. Here one thread sees a request's whole stream: each piece is what the decode of all
+  tokens so far adds, held back while it ends in an incomplete character or in whitespace
+  (which a tokenizer's clean-up may still take back), so the pieces concatenate to exactly the
+  decode of the whole answer, which is what a request without streaming gets;
+- it never tells a running step that its client left (the step runs to its end), and a
+  request whose step's stub died ended as an empty success. This model watches its own
+  response sender and the tensorrt_llm model's processes while it waits (_watched).
 """
 
 import json
+import os
+import queue
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +28,64 @@ import numpy as np
 
 TRUE = ("true", "1", "yes", "y", "t", "on")
 REPLACEMENT = "\ufffd"
+#: Seconds between two looks, while a stream waits for its next token, at whether the client
+#: left and whether the tensorrt_llm model's process is alive.
+WATCH_S = 0.1
+#: The Python backend's stub, as /proc names it (15 characters kept).
+STUB_COMM = "triton_python_backend_stub"[:15]
+#: The command line's module of the reference backend's model process (trt-builder's
+#: runtimes/model_process.py; not imported: this model also runs where trt-builder is not).
+MODEL_PROCESS = "trt_builder.runtimes.model_process"
+#: Seconds the unload waits, in all, for the requests still being answered.
+FINALIZE_S = 5.0
+
+
+def model_processes(model):
+    """{pid: (model instance, what it is, model version)} of the processes in this process
+    group (this server's) that a request to `model` depends on: the Python-backend stubs that
+    run it (each version's), and the model processes those stubs started (the reference
+    backend's, running PyTorch). Empty for a model of another backend (the tensorrtllm backend
+    runs in tritonserver)."""
+    stubs, workers = {}, {}
+    group = os.getpgrp()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            fields = text.rsplit(")", 1)[1].split()
+            if int(fields[2]) != group:
+                continue
+            comm = text[text.index("(") + 1 : text.rindex(")")]
+            argv = [
+                a.decode(errors="replace")
+                for a in (stat.parent / "cmdline").read_bytes().split(b"\0")
+            ]
+        except (OSError, IndexError, ValueError):
+            continue  # it exited while being read
+        pid = int(stat.parent.name)
+        # a stub's argv: stub, <repository>/<model>/<version>/model.py, ..., its instance
+        if comm == STUB_COMM and len(argv) > 8 and Path(argv[1]).parts[-3:-2] == (model,):
+            stubs[pid] = (argv[8], "Python-backend stub", Path(argv[1]).parts[-2])
+        elif MODEL_PROCESS in argv and argv.index(MODEL_PROCESS) + 1 < len(argv):
+            workers[pid] = (int(fields[1]), argv[argv.index(MODEL_PROCESS) + 1])
+    found = dict(stubs)
+    for pid, (parent, instance) in workers.items():
+        if parent in stubs:
+            found[pid] = (instance, "PyTorch", stubs[parent][2])
+    return found
+
+
+def dead(pids):
+    """Those of `pids` whose process has died (gone, or a zombie not yet reaped)."""
+    found = []
+    for pid in list(pids):
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            found.append(pid)
+            continue
+        if text.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            found.append(pid)
+    return found
 
 
 class TextStream:
@@ -86,10 +151,8 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException(
-                "tensorrt_llm_bls needs model_transaction_policy { decoupled: true }"
-            )
+        # as tensorrt_llm's (the repository's): streamed answers, or one response per request
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         path = Path(params["tokenizer_dir"])
         path = path if path.is_absolute() else Path(args["model_repository"]) / path
@@ -114,10 +177,13 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        """Wait for the requests being answered, FINALIZE_S in all (a stream whose model died
+        holds its thread: the unload must not wait for it)."""
         with self.lock:
             threads = list(self.threads)
+        deadline = time.monotonic() + FINALIZE_S
         for thread in threads:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _serve(self, request):
         import triton_python_backend_utils as pb_utils
@@ -151,18 +217,13 @@ class TritonPythonModel:
         text = TextStream(self.tokenizer, skip_special_tokens=self.skip_special_tokens)
         ids_name = next(k for k, v in outputs.items() if v == "_TOKENS_BATCH")
         length_name = next(k for k, v in outputs.items() if v == "_SEQUENCE_LENGTH")
-        # the model always streams to us, so a cancelled client is seen at the next token; the
-        # request's own id is what a stop request names
-        tensors["stream"] = np.array([[True]])
+        # a streaming model always streams to us (a model that does not refuses a client's
+        # `stream` in its own words); the request's own id is what a stop request names
+        if self.decoupled:
+            tensors["stream"] = np.array([[True]])
         child = f"bls-{uuid.uuid4().hex}"
         step = self._step(request, model, inputs, outputs, tensors, request_id=child)
-        responses = step.exec(decoupled=True)
-        for response in responses:
-            if sender.is_cancelled():
-                self._stop(model, child, responses)
-                error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
-                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
-                return
+        for response in self._watched(step, model, child, sender):
             self._check(response)
             ids = pb_utils.get_output_tensor_by_name(response, ids_name)
             if ids is None:  # the final, empty response of a stream
@@ -181,11 +242,78 @@ class TritonPythonModel:
             out = text.sent if self.accumulate or not streaming else rest
             sender.send(self._text(out), flags=final)
 
+    def _watched(self, step, model, child, sender):
+        """The responses of `step` (the tensorrt_llm request `child`) as they come, watched
+        between them every WATCH_S: a client that left (a gRPC stream cancelled, an HTTP
+        connection closed, a deadline passed) stops the request within a step, and a process
+        of the tensorrt_llm model that died (its stub, or the reference backend's model
+        process) ends it with UNAVAILABLE naming it. Triton would not say it: the Python
+        backend never answers a dead stub's decoupled requests (through Triton's ensemble
+        they ended as empty successes), and an error response that a decoupled model sends
+        after its first responses never reaches a BLS caller in 2.51 (measured: the stream
+        just stops)."""
+        import triton_python_backend_utils as pb_utils
+
+        watched = model_processes(model)  # the processes this request depends on, now
+        responses = step.exec(decoupled=True) if self.decoupled else None
+        came = queue.Queue()
+
+        def read():  # the answer blocks: wait for it here, watch in the caller
+            try:
+                if responses is None:
+                    came.put(step.exec())
+                else:
+                    for response in responses:
+                        came.put(response)
+            finally:
+                came.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while True:
+            try:
+                response = came.get(timeout=WATCH_S)
+            except queue.Empty:
+                response = False
+            if response is None:  # the stream ended: whole, unless its model died meanwhile
+                self._alive(model, watched)
+                return
+            if sender.is_cancelled():
+                self._stop(model, child, responses, self.decoupled)  # the reader drains it
+                raise StepError("cancelled", pb_utils.TritonError.CANCELLED)
+            if response is False:
+                self._alive(model, watched)
+                continue
+            yield response
+
     @staticmethod
-    def _stop(model, request_id, responses):
+    def _alive(model, watched):
+        """StepError (UNAVAILABLE) naming the first of the `watched` processes that died. One
+        whose version is no longer ready has not died: that version was unloaded (a new one
+        replaced it), and Triton sends no request to it while one runs there."""
+        import triton_python_backend_utils as pb_utils
+
+        for pid in dead(watched):
+            instance, what, version = watched[pid]
+            try:
+                unloaded = not pb_utils.is_model_ready(model, version)
+            except Exception:  # a version Triton no longer knows
+                unloaded = True
+            if unloaded:
+                del watched[pid]
+                continue
+            raise StepError(
+                f"model process {instance} ({what}, pid {pid}) died: this request was cut "
+                "off; send it again", getattr(pb_utils.TritonError, "UNAVAILABLE", None),
+            )  # fmt: skip
+
+    @staticmethod
+    def _stop(model, request_id, responses, decoupled):
         """Stop the model's request `request_id`: the stop request of the tensorrtllm backend
         (upstream's BLS sends the same), and Triton's own cancellation where the Python backend
-        has it (24.12 and later; not 2.51's)."""
+        has it (24.12 and later; not 2.51's). The stopped request's responses are read to
+        their end by _watched's reader: the Python backend's response iterator waits for a
+        stream's last response when it is freed, and one freed mid-stream holds this model's
+        unload (SIGTERM) forever."""
         import triton_python_backend_utils as pb_utils
 
         cancel = getattr(responses, "cancel", None)
@@ -202,12 +330,8 @@ class TritonPythonModel:
             ],
             requested_output_names=[],
         )
-        for _ in stop.exec(decoupled=True):  # its one empty response
-            pass
-        # read the stopped request to its end: the Python backend's response iterator waits
-        # for a stream's last response when it is freed, and one freed mid-stream holds this
-        # model's unload (SIGTERM) forever
-        for _ in responses:
+        answer = stop.exec(decoupled=decoupled)  # its one empty response
+        for _ in answer if decoupled else ():
             pass
 
     @staticmethod
