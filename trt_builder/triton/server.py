@@ -229,8 +229,8 @@ class Server:
     def reload(self, timeout: float = 300.0) -> int | None:
         """Load the version the repository's link points to now, if it is not the one loaded:
         one explicit `load` of each served model, composing models first (each keeps serving
-        its old version until the new one is ready; a streaming repository's `ensemble` is a
-        BLS model, which a load does not cascade from). The version
+        its old version until the new one is ready; the `ensemble` is a BLS model, which a
+        load does not cascade from). The version
         loaded, or None when nothing changed; TritonError with Triton's reason if it failed
         (the version that was serving still serves; that version is not tried again)."""
         version = None if self.repository is None else current_version(self.repository)
