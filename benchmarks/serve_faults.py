@@ -121,19 +121,12 @@ def plain_departure(serve: _Serve, tokens: int) -> None:
     import http.client
     import json
 
-    import numpy as np
     import tritonclient.grpc as grpc
-    from test_serve import ASK, _ensemble_body
-
-    from trt_builder.triton import client as triton_client
+    from test_serve import _ensemble_body, _ensemble_inputs
 
     worker = serve.model_process()  # the gRPC call first: the HTTP one runs to its end
     client = grpc.InferenceServerClient(f"127.0.0.1:{serve.ports['grpc_port']}")
-    inputs = triton_client._inputs(
-        grpc, triton_client.Request(prompt=ASK, max_tokens=tokens), False
-    )
-    inputs.append(grpc.InferInput("end_id", [1, 1], "INT32"))
-    inputs[-1].set_data_from_numpy(np.array([[-1]], np.int32))
+    inputs = _ensemble_inputs(grpc, tokens, False)
     try:
         client.infer("ensemble", inputs, client_timeout=1)
     except grpc.InferenceServerException as exc:

@@ -62,7 +62,6 @@ def tiny(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def _ids_request(module: Any, ids: list[int], tokens: int, **extra: Any) -> list[Any]:
     """Inputs of one request straight to the tensorrt_llm model (no end id: it runs `tokens`)."""
-    import numpy as np
 
     values = {"input_ids": np.array([ids], np.int32),
               "input_lengths": np.array([[len(ids)]], np.int32),
@@ -205,7 +204,6 @@ def test_messages_that_are_not_json_get_the_preprocessing_models_error(
     tiny: dict[str, Any],
 ) -> None:
     """Sent as raw bytes (infer refuses them before sending): the server's own answer."""
-    import numpy as np
     import tritonclient.http as http
 
     client = http.InferenceServerClient(tiny["plain"].http_url.removeprefix("http://"))
@@ -235,7 +233,6 @@ def test_a_request_without_max_tokens_is_refused_in_words_on_every_endpoint(
     import urllib.error
     import urllib.request
 
-    import numpy as np
     import tritonclient.grpc as grpc
 
     said = "max_tokens is missing: send max_tokens"
@@ -457,7 +454,6 @@ def test_the_reference_backend_refuses_what_it_cannot_run_before_it_joins_the_ba
     """Straight to tensorrt_llm (no preprocessing limits): a token outside the vocabulary, two
     prompts in one request, and a prompt + request_output_len past the build's max_seq_len
     (2048), each refused alone while the others are served. Before, nothing checked it."""
-    import numpy as np
     import tritonclient.http as http
 
     client = http.InferenceServerClient(tiny["plain"].http_url.removeprefix("http://"))
@@ -625,8 +621,6 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
 
     import tritonclient.grpc as grpc
 
-    from trt_builder.triton import client as triton_client
-
     server = start(tiny["streaming_repository"], **_ports(tmp_path / "server.log"))
     try:
         clients = []
@@ -637,10 +631,7 @@ def test_streams_cancelled_mid_answer_stop_generating_and_sigterm_drains_in_seco
             if model == "tensorrt_llm":
                 inputs = _ids_request(grpc, [5, 17, 42], 2000, streaming=True)
             else:  # no end id the tiny model could sample: it runs all 2000 tokens
-                ask = triton_client.Request(prompt="The quick brown fox", max_tokens=2000)
-                inputs = triton_client._inputs(grpc, ask, True)
-                inputs.append(grpc.InferInput("end_id", [1, 1], "INT32"))
-                inputs[-1].set_data_from_numpy(np.array([[-1]], np.int32))
+                inputs = _ensemble_inputs(grpc, 2000, True)
             client.async_stream_infer(model, inputs)
             clients.append((client, first))
         for client, first in clients:
@@ -669,6 +660,17 @@ def _ensemble_body(tokens: int, stream: bool) -> dict[str, Any]:
     """An ensemble request as clients send it, with no end id the model could sample: it runs
     all `tokens`."""
     return {"text_input": ASK, "max_tokens": tokens, "end_id": -1, "stream": stream}
+
+
+def _ensemble_inputs(module: Any, tokens: int, stream: bool, prompt: str = ASK) -> list[Any]:
+    """An ensemble request's inputs for tritonclient `module` (grpc or http), with no end id the
+    model could sample: it runs all `tokens`."""
+    from trt_builder.triton import client as triton_client
+
+    inputs = triton_client._inputs(
+        module, triton_client.Request(prompt=prompt, max_tokens=tokens), stream
+    )
+    return [*inputs, triton_client._tensor(module, "end_id", -1, "INT32")]
 
 
 class _Call:
@@ -738,13 +740,7 @@ class _Call:
         if self.how == "direct":
             inputs = _ids_request(grpc, [5, 17, 42], self.tokens, streaming=True)
         else:
-            from trt_builder.triton import client as triton_client
-
-            ask = triton_client.Request(prompt=ASK, max_tokens=self.tokens)
-            inputs = triton_client._inputs(grpc, ask, self.how == "grpc-stream")
-            end = grpc.InferInput("end_id", [1, 1], "INT32")
-            end.set_data_from_numpy(np.array([[-1]], np.int32))
-            inputs.append(end)
+            inputs = _ensemble_inputs(grpc, self.tokens, self.how == "grpc-stream")
         if self.how == "grpc":
             self.first.set()
             try:
@@ -1158,16 +1154,11 @@ def test_in_a_plain_repository_a_grpc_deadline_through_the_ensemble_stops_its_wo
     An HTTP client of /generate that closes its connection is not seen: docs/triton.md."""
     import tritonclient.grpc as grpc
 
-    from trt_builder.triton import client as triton_client
-
     server = tiny["plain"]
     (worker,) = [pid for pid, name in server.model_processes().items()
                  if name == "tensorrt_llm_0_0 (PyTorch)"]  # fmt: skip
     client = grpc.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
-    ask = triton_client.Request(prompt=ASK, max_tokens=2000)
-    inputs = triton_client._inputs(grpc, ask, False)
-    inputs.append(grpc.InferInput("end_id", [1, 1], "INT32"))
-    inputs[-1].set_data_from_numpy(np.array([[-1]], np.int32))
+    inputs = _ensemble_inputs(grpc, 2000, False)
     started = time.monotonic()
     client.infer("ensemble", inputs, client_timeout=120)  # the whole answer
     whole = time.monotonic() - started

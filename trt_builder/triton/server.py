@@ -192,9 +192,10 @@ class Server:
     def group(self) -> dict[int, str]:
         """The living processes of the server's process group, but the server: pid to what
         it is (a model instance's stub or model process, else its command name)."""
-        named = {pid: name for pid, name in self.model_processes().items() if name}
+        processes = _group(self.process.pid)  # one look at /proc for both
+        named = {pid: name for pid, name in self.model_processes(processes).items() if name}
         found = {}
-        for pid, (comm, state, _) in _group(self.process.pid).items():
+        for pid, (comm, state, _) in processes.items():
             if pid != self.process.pid and state != "Z":
                 found[pid] = named.get(pid, comm)
         return found
@@ -265,13 +266,18 @@ class Server:
         self.version = version
         return version
 
-    def model_processes(self) -> dict[int, str | None]:
-        """The model processes in the server's process group: pid to what runs there, a
-        Python-backend stub's model instance (`tensorrt_llm_0_0`, ...) or the reference
-        backend's model process an instance started (`tensorrt_llm_0_0 (PyTorch)`), or None
-        for one that died unreaped (a zombie keeps its command name, not its arguments)."""
+    def model_processes(
+        self, processes: dict[int, tuple[str, str, list[str]]] | None = None
+    ) -> dict[int, str | None]:
+        """The model processes in the server's process group (`processes`: its _group, if
+        already read): pid to what runs there, a Python-backend stub's model instance
+        (`tensorrt_llm_0_0`, ...) or the reference backend's model process an instance started
+        (`tensorrt_llm_0_0 (PyTorch)`), or None for one that died unreaped (a zombie keeps its
+        command name, not its arguments)."""
         found: dict[int, str | None] = {}
-        for pid, (comm, state, argv) in _group(self.process.pid).items():
+        if processes is None:
+            processes = _group(self.process.pid)
+        for pid, (comm, state, argv) in processes.items():
             if comm == STUB[:15]:  # 15 characters kept
                 alive = state != "Z" and len(argv) > 8
                 found[pid] = argv[8] if alive else None

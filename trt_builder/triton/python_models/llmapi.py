@@ -139,11 +139,8 @@ class TritonPythonModel(_Batching):
                 self._stop(request.request_id(), sender)
                 continue
             parsed, prefix, asked = item
-            try:
-                rid = self.batcher.submit(parsed)
-            except RuntimeError as exc:  # the model process could not be started again
-                self._fail([sender], f"the model could not be loaded again: {exc}",
-                           "UNAVAILABLE")  # fmt: skip
+            rid = self._join(parsed, sender)
+            if rid is None:
                 continue
             self.active[rid] = (sender, stream, [], request)
             self.shape[rid] = (prefix, asked, parsed.stop_words)

@@ -188,11 +188,18 @@ class TritonPythonModel:
             if parsed is None:
                 self._stop(request.request_id(), sender)
                 continue
-            try:
-                self.active[self.batcher.submit(parsed)] = (sender, stream, [], request)
-            except RuntimeError as exc:  # the model process could not be started again
-                self._fail([sender], f"the model could not be loaded again: {exc}",
-                           "UNAVAILABLE")  # fmt: skip
+            rid = self._join(parsed, sender)
+            if rid is not None:
+                self.active[rid] = (sender, stream, [], request)
+
+    def _join(self, parsed, sender):
+        """Submit a parsed request to the batch: its id, or None when the model process could
+        not be started again (the request has heard why)."""
+        try:
+            return self.batcher.submit(parsed)
+        except RuntimeError as exc:
+            self._fail([sender], f"the model could not be loaded again: {exc}", "UNAVAILABLE")
+            return None
 
     def _stop(self, request_id, sender):
         """A stop request, as the tensorrtllm backend answers one (handleStopRequest: the
