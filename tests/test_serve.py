@@ -936,9 +936,11 @@ def test_a_dead_model_process_ends_every_request_with_an_error_naming_it(
     ensemble (HTTP, HTTP stream, a streamed and a whole answer over gRPC streams) and straight
     to tensorrt_llm: each ends within 10 s with an error naming the process and the signal;
     serve says the death and its counted restart, readiness turns false, and the new server
-    answers as the checkpoint runtime does. Then SIGKILL to the tensorrt_llm stub with streams
-    through the ensemble: each ends with an error naming the dead stub (before, they ended as
-    empty successes); a stream straight to tensorrt_llm, which the Python backend never answers
+    answers as the checkpoint runtime does. Then SIGKILL to the tensorrt_llm stub with gRPC
+    streams through the ensemble, and at once SIGTERM to tritonserver (as serve sends when it
+    sees the death before the BLS model does): each ends with an error naming the dead stub
+    (before, they ended as empty successes; then, with the stopping server's silence taken for
+    a reload's unloaded version, as connection errors); a stream straight to tensorrt_llm, which the Python backend never answers
     once its stub is dead, breaks off when the server is restarted. SIGTERM then exits 0."""
     import os
     import signal
@@ -969,17 +971,19 @@ def test_a_dead_model_process_ends_every_request_with_an_error_naming_it(
         serve.serving(times=2)
         _answers_as_the_runtime(result, f"grpc://127.0.0.1:{serve.ports['grpc_port']}")
 
-        calls = [_Call(serve.ports, how) for how in ("http-stream", "grpc-stream")]
-        calls.append(_Call(serve.ports, "direct", "tensorrt_llm"))
-        for call in calls:
+        # gRPC only: an HTTP connection in flight would hold the server's stop (core's
+        # "exiting", when it answers no readiness) until the BLS model had answered it
+        streams = [_Call(serve.ports, "grpc-stream") for _ in range(2)]
+        direct = _Call(serve.ports, "direct", "tensorrt_llm")
+        for call in [*streams, direct]:
             assert call.first.wait(60), (call.how, call.outcome)
         stub, _ = serve.stub()
         os.kill(stub, signal.SIGKILL)
+        os.kill(serve.triton(), signal.SIGTERM)  # as serve does when it sees the death first
         gone = f"model process tensorrt_llm_0_0 (Python-backend stub, pid {stub}) died: {AGAIN}"
-        outcomes = {call.how: call.join(10) for call in calls}
-        direct = outcomes.pop("direct")
-        assert all(o.startswith("error: ") and gone in o for o in outcomes.values()), outcomes
-        assert direct.startswith("cut: "), direct
+        outcomes = [call.join(10) for call in streams]
+        assert all(o.startswith("error: ") and gone in o for o in outcomes), outcomes
+        assert direct.join(10).startswith("cut: "), direct.outcome
         serve.serving(times=3)
         assert any("restart 2 of at most 3" in line for line in serve.lines), serve.lines
         _answers_as_the_runtime(result, f"grpc://127.0.0.1:{serve.ports['grpc_port']}")

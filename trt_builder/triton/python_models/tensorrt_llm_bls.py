@@ -288,17 +288,17 @@ class TritonPythonModel:
     @staticmethod
     def _alive(model, watched):
         """StepError (UNAVAILABLE) naming the first of the `watched` processes that died. One
-        whose version is no longer ready has not died: that version was unloaded (a new one
-        replaced it), and Triton sends no request to it while one runs there."""
+        of a version while another version of the model has processes has not died: a reload
+        replaced its version and unloaded it (Triton loads the new version first, and sends no
+        request to the old one while one runs there). Read from /proc, not asked of Triton: a
+        stopping server (SIGTERM, as serve sends on a death it saw first) answers no readiness
+        (core's ModelIsReady: "Server not ready"), and a second concurrent is_model_ready then
+        never returns (measured on 2.51)."""
         import triton_python_backend_utils as pb_utils
 
         for pid in dead(watched):
             instance, what, version = watched[pid]
-            try:
-                unloaded = not pb_utils.is_model_ready(model, version)
-            except Exception:  # a version Triton no longer knows
-                unloaded = True
-            if unloaded:
+            if {v for _, _, v in model_processes(model).values()} - {version}:
                 del watched[pid]
                 continue
             raise StepError(
