@@ -97,8 +97,7 @@ def default_model(gguf: Path) -> None:
     from trt_builder.source.fetch import fetch_gguf
     from trt_builder.source.hf import load_tokenizer
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.gates import gate_for
-    from trt_builder.spec.modes import Fp8
+    from trt_builder.spec.modes import Fp8, gate_for
     from trt_builder.verify.compare import verify_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="fp8-gpu-") as tmp:

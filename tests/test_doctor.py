@@ -41,12 +41,17 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     host.setenv("FAKE_SMI_GPUS", "NVIDIA B200, 10.0, 183359, 580.95.05")
     b200 = doctor.inspect(tmp_path)["engine"]
     assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
-    assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m] for m in doctor.INT8_MODES)
+    assert list(b200) == ["float16", "bfloat16", "float32", "int8", "int8-wo", "kv-cache int8",
+                          "fp8", "kv-cache fp8"]  # fmt: skip
+    assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m]
+               for m in ("int8-wo", "int8", "kv-cache int8"))  # fmt: skip
     assert b200["fp8"] == "yes" and b200["kv-cache fp8"] == "yes"
     host.setenv("FAKE_SMI_GPUS", "NVIDIA T4, 7.5, 15360, 575.57.08")
     t4 = doctor.inspect(tmp_path)["engine"]
     assert "bfloat16 needs SM 80" in t4["bfloat16"]
-    assert all(t4[m] == "no: FP8 needs SM 89 or newer, this GPU is SM 75" for m in doctor.FP8_MODES)
+    assert all(t4[m] == "no: FP8 needs SM 89 or newer, this GPU is SM 75"
+               for m in ("fp8", "kv-cache fp8"))  # fmt: skip
+    assert [m for m, said in t4.items() if said != "yes"] == ["bfloat16", "fp8", "kv-cache fp8"]
     host.setenv("FAKE_SMI_GPUS", "")
     assert doctor.inspect(tmp_path)["engine"]["float16"] == "no: no NVIDIA GPU visible"
     host.setattr(

@@ -144,7 +144,8 @@ def test_the_simulation_is_converting_and_running(
     rounding of stored activations separates the two: the same GEMMs, up to the float32 order
     of sums, which moves a rare activation across an e4m3 step."""
     from trt_builder.calibrate.stats import load_model, load_stats
-    from trt_builder.checkpoint.safetensors_io import SafetensorsIndex, weight_files
+    from trt_builder.checkpoint.safetensors_io import SafetensorsIndex
+    from trt_builder.checkpoint.weights import weight_files
     from trt_builder.convert.model import convert_model
     from trt_builder.recipe.candidates import Fp8SearchSet
     from trt_builder.recipe.fp8 import (

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from tiny_models import make_tiny
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.convert import floats, kvcache
+from trt_builder.convert import kvcache
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import ConversionError
 from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
@@ -131,7 +131,7 @@ def test_balancing_beats_one_plain_scale(
         return kvcache.KVBalance(torch.ones(ranges.numel()), torch.ones(heads * head),
                                  ranges.max(), (ranges.max() / 127).reshape(1))  # fmt: skip
 
-    monkeypatch.setattr(floats, "balance", plain)  # the name the converter calls
+    monkeypatch.setattr(kvcache, "balance", plain)  # the name the KV room calls
     naive = decoded(_convert(hf, tmp_path / "n", kv8, tmp_path / "cal"))
     err_balanced = float((balanced - reference).abs().mean())
     err_naive = float((naive - reference).abs().mean())

@@ -372,8 +372,7 @@ def test_verify_the_llmapi_checkpoint_in_tensorrt_llm(smollm2_hf: Path, tmp_path
     """On a GPU host with TensorRT-LLM >= 1.0: SmolLM2's float16 llmapi checkpoint through its
     LLM() (PyTorch backend) against transformers, under the float16 gate, teacher-forced."""
     from trt_builder.convert.llmapi import convert_llmapi
-    from trt_builder.spec.gates import gate_for
-    from trt_builder.spec.modes import FloatMode
+    from trt_builder.spec.modes import FloatMode, gate_for
     from trt_builder.verify.compare import verify_checkpoint
 
     ck = tmp_path / "checkpoint"

@@ -11,6 +11,7 @@ import pytest
 from trt_builder.core.errors import SpecError
 from trt_builder.engine.memplan import GIB, Limits, MemoryPlan, plan, proposed_batch, resolve_limits
 from trt_builder.spec.build import make_spec
+from trt_builder.spec.modes import Fp8, SmoothQuant
 
 LLAMA2_7B = {
     "architecture": "LlamaForCausalLM", "hidden_size": 4096, "intermediate_size": 11008,
@@ -22,7 +23,7 @@ LIMITS = Limits(max_batch_size=8, max_input_len=1024, max_seq_len=4096, max_num_
 
 def _plan(config: dict = LLAMA2_7B, **changes: object) -> MemoryPlan:
     """Llama-2-7B float16 on an H100-80GB, tp=1, pp=1, unless `changes` say otherwise."""
-    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "linear_dtype": None,
+    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "linear": None,
               "kv_dtype": None, "limits": LIMITS}  # fmt: skip
     return plan(config, **{**inputs, **changes})  # type: ignore[arg-type]
 
@@ -43,8 +44,8 @@ def test_llama2_7b_float16_on_an_80gb_gpu() -> None:
 
 
 def test_llama2_7b_int8_and_the_int8_kv_cache() -> None:
-    fp16, int8 = _plan(), _plan(linear_dtype="int8")
-    kv8 = _plan(linear_dtype="int8", kv_dtype="int8")
+    fp16, int8 = _plan(), _plan(linear=SmoothQuant().weights)
+    kv8 = _plan(linear=SmoothQuant().weights, kv_dtype="int8")
     linears = 32 * (4096 * 3 * 4096 + 4096 * 4096 + 3 * 4096 * 11008)
     assert (
         fp16.weight_bytes - int8.weight_bytes
@@ -57,8 +58,8 @@ def test_llama2_7b_int8_and_the_int8_kv_cache() -> None:
 
 def test_llama2_7b_fp8_and_the_fp8_kv_cache() -> None:
     """1-byte linears with two float32 scales each (5 linears a layer), a 1-byte KV cache."""
-    fp16, fp8 = _plan(), _plan(linear_dtype="fp8")
-    fp8kv = _plan(linear_dtype="fp8", kv_dtype="fp8")
+    fp16, fp8 = _plan(), _plan(linear=Fp8().weights)
+    fp8kv = _plan(linear=Fp8().weights, kv_dtype="fp8")
     linears = 32 * (4096 * 3 * 4096 + 4096 * 4096 + 3 * 4096 * 11008)
     assert fp16.weight_bytes - fp8.weight_bytes == linears - 32 * 5 * 8
     assert fp8.weight_dtype == "fp8" and fp8kv.kv_dtype == "fp8"
@@ -198,7 +199,7 @@ def test_the_mlp_the_plan_counts_is_the_registrys() -> None:
     know is refused, not planned with a guess."""
     from trt_builder.core.errors import UnsupportedModelError
 
-    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "linear_dtype": None,
+    inputs = {"gpu": "H100-80GB", "tp": 1, "pp": 1, "dtype": "float16", "linear": None,
               "kv_dtype": None, "limits": Limits(max_batch_size=1, max_num_tokens=2048)}  # fmt: skip
     gated = plan(LLAMA2_7B, **inputs).weight_bytes
     plain = plan({**LLAMA2_7B, "architecture": "GPT2LMHeadModel"}, **inputs).weight_bytes

@@ -16,37 +16,13 @@ from typing import Any
 
 import click
 import pytest
+from mode_matrix import MATRIX
 
 from trt_builder.cli.main import cli
-from trt_builder.spec.gates import KV_FP8_PPL_POINTS, checkpoint_mode, gate_for
+from trt_builder.spec.modes import KV_PPL_POINTS, checkpoint_mode, gate_for
 
 pytestmark = pytest.mark.integration
 
-#: variant directory -> build's arguments. SmolLM2-135M has 9 attention heads and 3 KV heads,
-#: so the tensor-parallel row is tp 3 (tp 2 divides neither and is refused, exit 2).
-MATRIX: dict[str, tuple[str, ...]] = {
-    "float16-tp1-pp1": ("--dtype", "float16"),
-    "bfloat16-tp1-pp1": ("--dtype", "bfloat16"),
-    "float32-tp1-pp1": ("--dtype", "float32"),
-    "auto-tp1-pp1": ("--dtype", "auto"),
-    "int8-wo-tp1-pp1": ("--dtype", "int8-wo"),
-    "int8-wo-noclip-tp1-pp1": ("--dtype", "int8-wo", "--no-wo-clip"),
-    "int8-sq-tp1-pp1": ("--dtype", "int8"),
-    "int8-sq-static-tp1-pp1": ("--dtype", "int8", "--sq-granularity", "per-tensor"),
-    "int8-sq-kv8-tp1-pp1": ("--dtype", "int8", "--kv-cache", "int8"),
-    "float16-kv8-tp1-pp1": ("--dtype", "float16", "--kv-cache", "int8"),
-    "int8-wo-kv8-tp1-pp1": ("--dtype", "int8-wo", "--kv-cache", "int8"),
-    "int8-sq-tp3-pp1": ("--dtype", "int8", "--tp", "3"),
-    "fp8-tp1-pp1": ("--dtype", "fp8"),
-    "fp8-fp8kv-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8"),
-    "fp8-nosearch-tp1-pp1": ("--dtype", "fp8", "--no-fp8-search"),
-    "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
-    # --target llmapi: the Hugging Face checkpoint and the llmapi repository (docs/llmapi.md)
-    "float16-llmapi-tp1-pp1": ("--dtype", "float16", "--target", "llmapi"),
-    "fp8-llmapi-tp1-pp1": ("--dtype", "fp8", "--target", "llmapi"),
-    "fp8-fp8kv-llmapi-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8", "--target", "llmapi"),
-    "int8-wo-llmapi-tp1-pp1": ("--dtype", "int8-wo", "--target", "llmapi"),
-}
 #: The llmapi rows, each with the engine-target row whose checkpoint holds the same numbers
 #: (None: int8-wo, whose INT8 values the llmapi checkpoint holds, rounded as modelopt's export
 #: rounds them, where trtllm-build rounds the engine target's: docs/llmapi.md).
@@ -215,7 +191,7 @@ def test_a_quantized_kv_cache_costs_at_most_its_budget_of_perplexity(
     )
     assert plain["tokens"] == ppl["tokens"] and math.isclose(plain["reference"], ppl["reference"])
     cost = ppl["delta_pct"] - plain["delta_pct"]
-    budget = KV_FP8_PPL_POINTS if "-fp8kv" in with_cache else KV_CACHE_POINTS
+    budget = KV_PPL_POINTS["fp8"] if "-fp8kv" in with_cache else KV_CACHE_POINTS
     assert cost <= budget, (with_cache, ppl["delta_pct"], plain["delta_pct"])
 
 

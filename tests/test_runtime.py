@@ -121,7 +121,7 @@ def test_cuda_runtime_agrees_with_cpu_and_passes_verify(
 ) -> None:
     """float32, so that CPU and GPU must agree closely (float16 gates on random tiny models
     would measure near-ties in their logits, not the device)."""
-    from trt_builder.spec.gates import DEFAULT_GATES
+    from trt_builder.spec.modes import DEFAULT_GATES
     from trt_builder.verify.compare import verify_checkpoint
 
     make_tiny(family, tmp_path / "m", tokenizer_dir)

@@ -15,7 +15,7 @@ from trt_builder.core.errors import EngineError, InputError
 from trt_builder.engine.runtime import EngineRuntime
 from trt_builder.pipeline.standalone import open_runtime
 from trt_builder.runtimes.generation import primary_end_id, trim
-from trt_builder.spec.gates import gate_for
+from trt_builder.spec.modes import gate_for
 from trt_builder.triton.repository import TRTLLM_IN
 from trt_builder.triton.runtime import TritonRuntime
 from trt_builder.verify.compare import verify_checkpoint

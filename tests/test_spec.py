@@ -71,11 +71,11 @@ def test_bad_toml_file(tmp_path: Path) -> None:
 
 
 def test_modes_dispatch_by_dtype() -> None:
-    assert mode_for("bfloat16") == (FloatMode("bfloat16"), None)
-    mode, notice = mode_for("int8")
-    assert mode == SmoothQuant(alpha=None) and notice is None
+    assert mode_for("bfloat16") == FloatMode("bfloat16")
+    mode = mode_for("int8")
+    assert mode == SmoothQuant(alpha=None)
     assert mode.quant_algo == "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN" and mode.needs_calibration
-    assert mode_for("int8-wo") == (WeightOnlyInt8(), None)
+    assert mode_for("int8-wo") == WeightOnlyInt8()
     assert BuildSpec(dtype="int8-wo").variant == "int8-wo-tp1-pp1"
     assert BuildSpec(dtype="int8").variant == "int8-sq-tp1-pp1"
     static = BuildSpec(
@@ -100,8 +100,12 @@ def test_modes_dispatch_by_dtype() -> None:
     assert plain.to_json()["version"] == 3 and plain.name == "int8-wo-noclip"
     with pytest.raises(SpecError, match="int8.wo_clip must be true or false"):
         Int8Options(wo_clip="no")  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="int8.alpha is 'auto' or a number between 0 and 1"):
+    with pytest.raises(
+        SpecError, match=r"int8.alpha\) is auto or a number from 0 to 1, not 'high'"
+    ):
         Int8Options(alpha="high")
+    with pytest.raises(SpecError, match="is auto or a number from 0 to 1, not 1.5"):
+        SmoothQuant(alpha=1.5)
     with pytest.raises(SpecError, match="float16 or bfloat16 activations"):
         WeightOnlyInt8(dtype="float32")
 
@@ -157,3 +161,22 @@ def test_the_documented_toml_spec_is_valid(tmp_path: Path) -> None:
     spec = make_spec(load_toml(path))
     assert spec.dtype == "int8" and spec.kv_cache == "model" and spec.engine.timeout_s == 14400
     assert spec.limits.max_batch_size == 64 and spec.calibrate.samples == 64
+
+
+def test_every_default_gate_is_the_one_docs_verify_md_documents() -> None:
+    """The gate table in docs/verify.md against the rooms' gates (DEFAULT_GATES), gate by
+    gate: a gate loosened (or tightened) in code without its documented figure fails here."""
+    import re
+
+    from trt_builder.spec.modes import DEFAULT_GATES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "verify.md").read_text()
+    documented = {}
+    for row in re.findall(r"^\| ([a-z0-9-]+)[^|]* \| ([0-9.e-]+) \| ([0-9.e-]+) \| ([0-9.]+)% \|",
+                          text, flags=re.M):  # fmt: skip
+        mode, top1, kl, ppl = row
+        documented[mode] = (float(top1), float(kl), float(ppl))
+    assert documented == {
+        key: (gate.min_top1, gate.max_kl, gate.max_ppl_delta_pct)
+        for key, gate in DEFAULT_GATES.items()
+    }

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.safetensors_io import weight_files
+from ..checkpoint.weights import weight_files
 from ..core.errors import InputError
 from ..models.family import Family
 from ..models.registry import family_for

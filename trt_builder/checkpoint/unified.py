@@ -43,8 +43,9 @@ from ..models.registry import family_for
 from ..spec.gates import hf_quantization
 from .config import engine_config
 from .fp8 import E4M3, to_e4m3
-from .safetensors_io import SafetensorsIndex, weight_files
+from .safetensors_io import SafetensorsIndex
 from .weight_only import WEIGHT_ONLY_LINEARS, quantize_rows
+from .weights import weight_files
 
 #: The weights file written; its quantization file.
 WEIGHTS = "model.safetensors"

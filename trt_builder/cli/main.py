@@ -255,7 +255,7 @@ def _verify_dirs(
     url: str | None,
 ) -> None:
     from ..pipeline.standalone import verify_standalone
-    from ..spec.gates import checkpoint_mode
+    from ..spec.modes import checkpoint_mode
 
     spec = _spec_from(dict(kwargs))
     report = verify_standalone(checkpoint, reference, spec, runtime=runtime, engine_dir=engine,

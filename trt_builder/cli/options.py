@@ -13,7 +13,7 @@ from ..core.errors import SpecError
 from ..fleet.file import parse_duration
 from ..spec.build import GEMM_PLUGINS, TARGETS
 from ..spec.gpus import GPUS
-from ..spec.modes import DTYPE_CHOICES, KV_CACHE_CHOICES
+from ..spec.modes import DTYPE_CHOICES, DTYPE_HELP, KV_CACHE_CHOICES, check_alpha
 
 F = Callable[..., Any]
 
@@ -24,15 +24,11 @@ class _Alpha(click.ParamType):
     name = "auto|0..1"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float | str:
-        if isinstance(value, float) or value == "auto":
-            return value
         try:
-            alpha = float(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither 'auto' nor a number", param, ctx)
-        if not 0.0 <= alpha <= 1.0:
-            self.fail(f"{alpha} is not between 0 and 1", param, ctx)
-        return alpha
+            alpha = check_alpha(value)  # SmoothQuant's room validates it
+        except SpecError as exc:
+            self.fail(str(exc), param, ctx)
+        return "auto" if alpha is None else alpha
 
 
 ALPHA = _Alpha()
@@ -73,7 +69,7 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--dtype",
         type=click.Choice(DTYPE_CHOICES),
-        help="Precision: float16 (default), bfloat16, float32, auto, int8 (calibrated SmoothQuant W8A8), int8-wo (W8A16), fp8 (calibrated FP8 W8A8, SM 89+).",
+        help=DTYPE_HELP,
     ),
     click.option(
         "--target",

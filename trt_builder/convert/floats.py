@@ -22,11 +22,11 @@ from ..checkpoint.parallel import shard, tp_kind
 from ..checkpoint.safetensors_io import SafetensorsIndex, StreamingWriter
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
-from ..models.family import Family, TensorRule
-from ..spec.modes import QuantMode, WeightOnlyInt8
+from ..models.family import TensorRule
+from ..spec.modes import QuantMode
 from .clipping import CLIPPED_LINEARS, ClipTally, clip_weight
 from .clipping import record as clipping_record
-from .kvcache import balance, fp8_kv_scale, qkv_ranges, refuse_unsupported
+from .kvcache import KVCacheScales
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
@@ -103,11 +103,9 @@ def convert_checkpoint(
     inputs: dict[str, torch.Tensor] = {}
     tally = ClipTally()
     with index:  # closed here if the statistics are refused
-        if mode.kv_int8:
-            rewrite, extras, inputs = _kv_cache(config, family, rules, calibration)
-        elif mode.kv_fp8:
-            extras = _fp8_kv_cache(config, family, rules, calibration)
-        if isinstance(mode, WeightOnlyInt8) and mode.clip and calibration is not None:
+        kv = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration)
+        rewrite, extras, inputs = _kv_cache(kv, rules, v_channels=mode.weights is None)
+        if mode.clips and calibration is not None:
             rewrite = _clipping(
                 rules, load_stats(calibration), rewrite, inputs, dtype, mapping.tp, tally
             )
@@ -145,17 +143,13 @@ def convert_checkpoint(
 
 
 def _kv_cache(
-    config: dict[str, Any], family: Family, rules: list[TensorRule], calibration: Path | None
+    kv: KVCacheScales, rules: list[TensorRule], *, v_channels: bool
 ) -> tuple[Rewrite, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The INT8 KV cache on a float or weight-only checkpoint: the balancing rewrite of every
-    layer's qkv rows and dense input columns, each layer's kv_cache_scaling_factor, and the
-    factor dense's input channels now come multiplied by, by weight name."""
-
-    refuse_unsupported(config, family, {r.name for r in rules})
-    v_channels = config["quantization"]["quant_algo"] != "W8A16"  # see kvcache.balance
-    if calibration is None:
-        raise ConversionError("the INT8 KV cache needs a calibration: run trt-builder calibrate")
-    stats = load_stats(calibration)
+    """The quantized KV cache on a float or weight-only checkpoint: the INT8 cache's balancing
+    rewrite of every layer's qkv rows and dense input columns, each layer's
+    kv_cache_scaling_factor, and the factor dense's input channels now come multiplied by, by
+    weight name (the FP8 cache's scales alone: its weights are written as they are).
+    `v_channels`: False where the mode quantizes its linears (kvcache.balance)."""
     rewrite: Rewrite = {}
     extras: dict[str, torch.Tensor] = {}
     inputs: dict[str, torch.Tensor] = {}
@@ -163,30 +157,15 @@ def _kv_cache(
         if not rule.name.endswith(".attention.qkv.weight"):
             continue
         prefix = rule.name.removesuffix("qkv.weight")
-        kv = balance(qkv_ranges(stats, rule.sources), config, v_channels=v_channels)
-        rewrite[rule.name] = rewrite[prefix + "qkv.bias"] = _scale_rows(kv.qkv_rows)
-        rewrite[prefix + "dense.weight"] = _scale_columns(1.0 / kv.dense_in)
-        inputs[prefix + "dense.weight"] = kv.dense_in
-        extras[prefix + "kv_cache_scaling_factor"] = kv.scale
+        balanced = kv.balance(rule.sources, v_channels=v_channels)
+        if balanced is not None:
+            rewrite[rule.name] = rewrite[prefix + "qkv.bias"] = _scale_rows(balanced.qkv_rows)
+            rewrite[prefix + "dense.weight"] = _scale_columns(1.0 / balanced.dense_in)
+            inputs[prefix + "dense.weight"] = balanced.dense_in
+        scale = kv.scale(rule.sources, balanced)
+        if scale is not None:
+            extras[prefix + "kv_cache_scaling_factor"] = scale
     return rewrite, extras, inputs
-
-
-def _fp8_kv_cache(
-    config: dict[str, Any], family: Family, rules: list[TensorRule], calibration: Path | None
-) -> dict[str, torch.Tensor]:
-    """The FP8 KV cache on a float or weight-only checkpoint: each layer's
-    kv_cache_scaling_factor (kvcache.fp8_kv_scale); the weights are written as they are."""
-    refuse_unsupported(config, family, {r.name for r in rules}, "fp8")
-    if calibration is None:
-        raise ConversionError("the FP8 KV cache needs a calibration: run trt-builder calibrate")
-    stats = load_stats(calibration)
-    return {
-        rule.name.removesuffix("qkv.weight") + "kv_cache_scaling_factor": fp8_kv_scale(
-            qkv_ranges(stats, rule.sources), config
-        )
-        for rule in rules
-        if rule.name.endswith(".attention.qkv.weight")
-    }
 
 
 def _clipping(

@@ -42,7 +42,7 @@ from ..core.errors import ConversionError
 from ..core.fsio import write_json
 from ..models.family import Family, TensorRule
 from ..spec.modes import FloatMode, Fp8
-from .kvcache import fp8_kv_scale, qkv_ranges, refuse_unsupported
+from .kvcache import KVCacheScales
 from .layers import LayerJob, split_layers
 from .plan import plan_conversion
 from .write import finish
@@ -189,11 +189,9 @@ def _plan(
     chosen: Chosen | None,
 ) -> LayerJob:
     """Check what can be checked before writing; the quantization goes into `config`."""
-    if mode.kv_cache != "model":
-        refuse_unsupported(config, family, {r.name for r in rules}, mode.kv_cache)
-    if mode.kv_int8:  # BuildSpec refuses it first; this is for the library's callers
-        raise ConversionError("--dtype fp8 with --kv-cache int8 is not built: use --kv-cache fp8")
     stats = load_stats(calibration)
+    kv_cache = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration,
+                                stats=stats)  # fmt: skip
     layers, others = split_layers(rules)
     config["quantization"].update(
         quant_algo=mode.quant_algo,
@@ -207,8 +205,8 @@ def _plan(
     ) -> dict[str, torch.Tensor]:
         mine = None if chosen is None else partial(_in_layer, chosen, i)
         out = layer_tensors(floats, stats, sources, dtype, mine)
-        if mode.kv_fp8:
-            scale = fp8_kv_scale(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
+        scale = kv_cache.scale(sources["attention.qkv.weight"])
+        if scale is not None:
             out["attention.kv_cache_scaling_factor"] = scale.to(
                 floats["attention.qkv.weight"].device
             )

@@ -30,10 +30,12 @@ calibrated ranges are taken before those norms.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..checkpoint.unified import KV_SCALES as HF_KV_SCALES
 from ..core.errors import ConversionError
 from ..models.family import Family
 from ..models.shape import AttentionShape
@@ -156,3 +158,72 @@ def refuse_unsupported(
             f"--kv-cache {kv_cache} is not supported for {config['architecture']} (q/k norms "
             f"after the projections) yet: drop --kv-cache {kv_cache}"
         )
+
+
+class KVCacheScales:
+    """The quantized KV cache of one conversion, for every converter and target: built once per
+    conversion (`of`), it refuses what the mode or the model cannot run, reads the calibration,
+    and gives each layer its INT8 balancing (`balance`) and its kv_cache_scaling_factor
+    (`scale`), or the llmapi target's k_scale / v_scale (`hf_scales`). `kind` is the mode's
+    --kv-cache choice (spec/modes/kvcache.py); "model" writes nothing."""
+
+    def __init__(self, kind: str, config: dict[str, Any], stats: dict[str, torch.Tensor]) -> None:
+        self.kind, self.config, self.stats = kind, config, stats
+
+    @classmethod
+    def of(cls, mode: Any, config: dict[str, Any], family: Family, names: set[str],
+           calibration: Path | None, *,
+           stats: dict[str, torch.Tensor] | None = None) -> KVCacheScales:  # fmt: skip
+        """The KV cache of `mode` (a spec.modes.Mode) for a model of `family` whose checkpoint
+        tensors are `names`, from `calibration` (or its `stats`, already loaded)."""
+        if mode.kv_cache == "model":
+            return cls("model", config, {})
+        refusal = mode.kv_refusal()  # BuildSpec refuses it first; this is for library callers
+        if refusal:
+            raise ConversionError(refusal)
+        refuse_unsupported(config, family, names, mode.kv_cache)
+        if stats is None:
+            if calibration is None:
+                raise ConversionError(
+                    f"the {mode.kv_cache_quant_algo} KV cache needs a calibration: run "
+                    "trt-builder calibrate"
+                )
+            from ..calibrate.stats import load_stats
+
+            stats = load_stats(calibration)
+        return cls(mode.kv_cache, config, stats)
+
+    def balance(self, sources: tuple[str, ...], *, v_channels: bool = True) -> KVBalance | None:
+        """The INT8 KV cache's rewrite of a layer whose fused qkv is made of `sources` (None for
+        any other cache)."""
+        if self.kind != "int8":
+            return None
+        return balance(qkv_ranges(self.stats, sources), self.config, v_channels=v_channels)
+
+    def scale(
+        self, sources: tuple[str, ...], balanced: KVBalance | None = None
+    ) -> torch.Tensor | None:
+        """A layer's kv_cache_scaling_factor (float32 [1]): the INT8 cache's from its balancing
+        (`balanced`), the FP8 cache's from the calibrated ranges; None for the model dtype's."""
+        if self.kind == "int8":
+            assert balanced is not None
+            return balanced.scale
+        if self.kind == "fp8":
+            return fp8_kv_scale(qkv_ranges(self.stats, sources), self.config)
+        return None
+
+    def hf_scales(self, rules: list[Any]) -> dict[str, torch.Tensor]:
+        """The FP8 KV cache's k_scale and v_scale per layer of a Hugging Face checkpoint (the
+        llmapi target), by modelopt's unified export: K's and V's amax / 448, float32 scalars,
+        not clamped, K's amax taken after RoPE (kv_amax)."""
+        out: dict[str, torch.Tensor] = {}
+        if self.kind != "fp8":
+            return out
+        for rule in rules:
+            if not rule.name.endswith(".attention.qkv.weight"):
+                continue
+            amax = kv_amax(qkv_ranges(self.stats, rule.sources), self.config)
+            for source, scale_name, a in zip(rule.sources[1:], HF_KV_SCALES, amax, strict=True):
+                prefix = source.removesuffix(".weight").rsplit(".", 1)[0]  # ...self_attn
+                out[f"{prefix}.{scale_name}"] = (a / torch.full_like(a, 448.0)).reshape(())
+        return out

@@ -18,15 +18,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save_file
 
-from ..calibrate.stats import load_stats
 from ..checkpoint.loaders import CONTRACTS, check_unified
 from ..checkpoint.reader import read_checkpoint
 from ..checkpoint.unified import (
     HF_QUANT,
-    KV_SCALES,
     WEIGHTS,
     hf_tensors,
     quantization,
@@ -35,34 +32,17 @@ from ..checkpoint.unified import (
 )
 from ..core.dtypes import torch_dtype
 from ..core.errors import ConversionError
-from ..models.family import Family, TensorRule
+from ..models.family import Family
 from ..source.files import PROCESSOR_FILES, TOKENIZER_FILES, read_hf_config
 from ..source.portable import copy_portable, portable_config
-from ..spec.modes import QuantMode, SmoothQuant
-from .kvcache import kv_amax, qkv_ranges
+from ..spec.modes import QuantMode
+from ..spec.modes.kvcache import kv_refusal
+from .kvcache import KVCacheScales
 from .model import convert_model
 from .plan import plan_conversion
 
 #: The engine-format checkpoint, inside the output while it is made (removed after).
 _ENGINE_FORMAT = ".trtllm-checkpoint"
-
-
-def kv_scales(
-    calibration: Path, rules: list[TensorRule], config: dict[str, Any]
-) -> dict[str, torch.Tensor]:
-    """The FP8 KV cache's k_scale and v_scale per layer, by modelopt's unified export (K's and
-    V's amax / 448, float32 scalars, not clamped), K's amax taken after RoPE
-    (convert/kvcache.py: kv_amax)."""
-    stats = load_stats(calibration)
-    out: dict[str, torch.Tensor] = {}
-    for rule in rules:
-        if not rule.name.endswith(".attention.qkv.weight"):
-            continue
-        amax = kv_amax(qkv_ranges(stats, rule.sources), config)
-        for source, scale_name, a in zip(rule.sources[1:], KV_SCALES, amax, strict=True):
-            prefix = source.removesuffix(".weight").rsplit(".", 1)[0]  # ...self_attn
-            out[f"{prefix}.{scale_name}"] = (a / torch.full_like(a, 448.0)).reshape(())
-    return out
 
 
 def convert_llmapi(
@@ -75,11 +55,7 @@ def convert_llmapi(
 ) -> dict[str, Any]:
     """Write the Hugging Face checkpoint of `mode` into `out_dir` (empty), from the engine
     target's checkpoint (convert/model.py convert_model) at TP=1."""
-    if (
-        isinstance(mode, SmoothQuant)
-        or mode.kv_int8
-        or (mode.kv_cache != "model" and mode.quant_algo is None)
-    ):
+    if mode.target_refusal("llmapi") or kv_refusal(mode.kv_cache, "llmapi", mode.quant_algo, ""):
         raise ConversionError(  # BuildSpec refuses these first; this is for the library's callers
             f"{mode.name} is not written for --target llmapi: use --dtype fp8 or float16"
         )
@@ -91,11 +67,9 @@ def convert_llmapi(
     family, _, rules, index, _ = plan_conversion(hf_dir, mode)
     tower = family.vision_tower
     quant = config["quantization"]
-    extra = {}
-    if quant.get("kv_cache_quant_algo") == "FP8":
-        assert calibration is not None  # the FP8 KV cache always calibrates
-        extra = kv_scales(calibration, rules, config)
-    weight_only = torch_dtype(config["dtype"]) if quant["quant_algo"] == "W8A16" else None
+    names = {r.name for r in rules}
+    extra = KVCacheScales.of(mode, config, family, names, calibration).hf_scales(rules)
+    weight_only = torch_dtype(config["dtype"]) if mode.quantizes_hf_weights else None
     written = hf_tensors(tensors, rules, extra, weight_only)
     written.update(vision_tensors(index, tower, torch_dtype(config["dtype"])) if tower else {})
     index.close()

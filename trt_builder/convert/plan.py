@@ -7,7 +7,8 @@ from typing import Any
 
 from ..checkpoint.config import engine_config, resolve_dtype
 from ..checkpoint.mapping import check_mapping
-from ..checkpoint.safetensors_io import SafetensorsIndex, weight_files
+from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..checkpoint.weights import weight_files
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import family_for

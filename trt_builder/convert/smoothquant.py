@@ -37,7 +37,7 @@ from ..models.family import Family, TensorRule
 from ..models.registry import refuse_smoothquant
 from ..runtimes.int8 import GEMMS, GROUPS, KEEPS_SMOOTHER, group_name, quantize_rows, smoother
 from ..spec.modes import FloatMode, SmoothQuant
-from .kvcache import KVBalance, balance, fp8_kv_scale, qkv_ranges, refuse_unsupported
+from .kvcache import KVBalance, KVCacheScales
 from .layers import LayerJob, split_layers
 from .plan import plan_conversion
 from .write import finish
@@ -160,8 +160,6 @@ def _refuse(
     refuse_smoothquant(family, config["architecture"])
     if mode.alpha is None:
         raise ConversionError("SmoothQuant alpha is not chosen: run the recipe search first")
-    if mode.kv_cache != "model":
-        refuse_unsupported(config, family, {r.name for r in rules}, mode.kv_cache)
 
 
 def _missing_statistics(
@@ -206,6 +204,8 @@ def plan_job(
     stats = {k: v.to(device) for k, v in load_stats(calibration).items()}
     layers, others = split_layers(rules)
     _missing_statistics(layers, stats)
+    kv_cache = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration,
+                                stats=stats)  # fmt: skip
     config["quantization"].update(
         quant_algo=mode.quant_algo,
         kv_cache_quant_algo=mode.kv_cache_quant_algo,
@@ -216,14 +216,14 @@ def plan_job(
     def layer_tensors(
         i: int, floats: dict[str, torch.Tensor], sources: dict[str, tuple[str, ...]]
     ) -> dict[str, torch.Tensor]:
-        kv = None
-        if mode.kv_int8:
-            kv = balance(qkv_ranges(stats, sources["attention.qkv.weight"]), config)
+        qkv = sources["attention.qkv.weight"]
+        kv = kv_cache.balance(qkv)
         out = _layer_tensors(floats, stats, sources, mode, dtype, kv, (alphas or {}).get(i))
-        if mode.kv_fp8:
-            out["attention.kv_cache_scaling_factor"] = fp8_kv_scale(
-                qkv_ranges(stats, sources["attention.qkv.weight"]), config
-            ).to(floats["attention.qkv.weight"].device)
+        scale = kv_cache.scale(qkv, kv)
+        if scale is not None and kv is None:  # the INT8 cache's is written with its balancing
+            out["attention.kv_cache_scaling_factor"] = scale.to(
+                floats["attention.qkv.weight"].device
+            )
         return out
 
     return LayerJob(layer_tensors, layers, others, index, dtype, Mapping.from_config(config),

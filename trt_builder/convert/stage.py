@@ -6,9 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..checkpoint.weights import weight_files
 from ..core.stage import BuildContext
-from ..recipe.candidates import recipe_dir, searches
-from ..spec.modes import Fp8
+from ..recipe.candidates import recipe_dir, recipe_input, searches
+
+
+def fetched(hf: Path) -> bool:
+    """Whether fetch has written `hf` (a dry run, or a plan before fetch, finds it empty)."""
+    return any(hf.glob("*.safetensors"))
 
 
 class ConvertStage:
@@ -21,15 +26,17 @@ class ConvertStage:
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
         hf = ctx.layout.hf  # config and weights only: a tokenizer change does not reconvert
-        inputs = {
+        index = hf / "model.safetensors.index.json"
+        inputs = {  # what convert reads: the weight files the index lists, else every one
             "hf/config.json": hf / "config.json",
-            **{f"hf/{p.name}": p for p in sorted(hf.glob("*.safetensors"))},
+            **({f"hf/{index.name}": index} if index.is_file() else {}),
+            **{f"hf/{p.name}": p for p in (weight_files(hf) if fetched(hf) else [])},
         }
         if ctx.spec.mode.needs_calibration:
             inputs["calibration"] = self._calibration(ctx) / "calibration.safetensors"
-        if searches(ctx):  # FP8's: recipe.json and the weights beside it
-            fp8 = isinstance(ctx.spec.mode, Fp8)
-            inputs["recipe"] = recipe_dir(ctx) if fp8 else recipe_dir(ctx) / "recipe.json"
+        recipe = recipe_input(ctx)
+        if recipe is not None:
+            inputs["recipe"] = recipe
         return inputs
 
     def _calibration(self, ctx: BuildContext) -> Path:

@@ -11,15 +11,14 @@ from typing import Any
 
 from ..core.errors import EngineError
 from ..core.versions import tool_version
+from ..spec.gpus import FEATURES
+from ..spec.modes import DOCTOR_ROWS
 from .build import find_toolchain
 from .host import gpu_info
 from .releases import release_for
 
-#: Build modes, as `--dtype` (and the quantized KV caches).
-MODES = ("float16", "bfloat16", "float32", "int8-wo", "int8", "kv-cache int8", "fp8",
-         "kv-cache fp8")  # fmt: skip
-INT8_MODES = ("int8-wo", "int8", "kv-cache int8")
-FP8_MODES = ("fp8", "kv-cache fp8")
+#: Build modes, as `--dtype` (and the quantized KV caches), each with the GPU features it needs.
+MODES = DOCTOR_ROWS
 
 
 def cuda_driver_version() -> str | None:
@@ -62,15 +61,9 @@ def buildable(trtllm: str, trtllm_build: str | None, found: list[dict[str, Any]]
         return dict.fromkeys(MODES, "no: no NVIDIA GPU visible")
     sm = min(g["sm"] for g in found)
     answer = {}
-    for mode in MODES:
-        if mode == "bfloat16" and sm < 80:
-            answer[mode] = f"no: bfloat16 needs SM 80 or newer, this GPU is SM {sm}"
-        elif mode in INT8_MODES and 100 <= sm < 120:
-            answer[mode] = f"no: TensorRT-LLM refuses INT8 and SmoothQuant on SM {sm} (SM 100-119)"
-        elif mode in FP8_MODES and sm < 89:
-            answer[mode] = f"no: FP8 needs SM 89 or newer, this GPU is SM {sm}"
-        else:
-            answer[mode] = "yes"
+    for mode, needs in MODES.items():
+        lacking = [FEATURES[need] for need in needs if FEATURES[need].lacks(sm)]
+        answer[mode] = f"no: {lacking[0].why.format(sm=sm)}" if lacking else "yes"
     return answer
 
 

@@ -28,7 +28,7 @@ from ..models.registry import family_for, family_of_checkpoint
 from ..models.shape import AttentionShape
 from ..spec.build import BuildLimits as Limits  # the spec's own limits
 from ..spec.gpus import GPUS, GpuSpec
-from ..spec.modes import Fp8, SmoothQuant, WeightOnlyInt8
+from ..spec.modes import SmoothQuant, WeightStorage
 
 GIB = 1024**3
 #: TensorRT-LLM's default share of the free memory for the KV cache.
@@ -87,6 +87,7 @@ class MemoryPlan:
     kv_budget_bytes: int  # what the KV cache gets on each rank (0 when nothing is left)
     limits: Limits
     kv_fraction: float = KV_FRACTION  # the deployment's kv_cache_free_gpu_mem_fraction
+    linear: WeightStorage | None = None  # how the linears are stored (weight_dtype names it)
 
     @property
     def kv_tokens(self) -> int:
@@ -103,6 +104,7 @@ class MemoryPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("linear")
         data["gib"] = {
             k: round(v / GIB, 2)
             for k, v in data.items()
@@ -118,22 +120,23 @@ def _kv_heads_per_rank(shape: ModelShape, tp: int) -> int:
     return max(1, shape.kv_heads // tp)  # fewer KV heads than ranks: each rank holds a copy
 
 
+#: The decoder linears a layer's weights are counted in (qkv, dense, fc, gate, proj).
+LINEARS = 5
+
+
 def weight_bytes(
-    shape: ModelShape, tp: int, pp: int, dtype: str, linear_dtype: str | None = None
+    shape: ModelShape, tp: int, pp: int, dtype: str, linear: WeightStorage | None = None
 ) -> int:
-    """Bytes of the largest rank's weights; `linear_dtype`: the decoder linears' (int8, fp8),
-    when not the model dtype."""
+    """Bytes of the largest rank's weights; `linear`: how the decoder linears are stored (the
+    mode's, Mode.weights), when not in the model dtype."""
     act = BYTES[dtype]
-    per_param = BYTES[linear_dtype or dtype]
     qkv_out = (shape.heads // tp + 2 * _kv_heads_per_rank(shape, tp)) * shape.head
     mlp_in = (3 if shape.gated else 2) * shape.intermediate // tp
     linear_params = shape.hidden * qkv_out + shape.heads // tp * shape.head * shape.hidden
     linear_params += shape.hidden * mlp_in
-    # INT8: a float32 scale per output row (and smoothers); FP8: two float32 per linear
-    scales = {"int8": (qkv_out + shape.hidden + mlp_in + shape.hidden) * 4, "fp8": 5 * 8}.get(
-        linear_dtype or "", 0
-    )
-    per_layer = linear_params * per_param + scales + 2 * shape.hidden * act
+    rows = qkv_out + shape.hidden + mlp_in + shape.hidden  # output rows (per-channel scales)
+    linears = linear_params * act if linear is None else linear.bytes(linear_params, rows, LINEARS)
+    per_layer = linears + 2 * shape.hidden * act
     layers = shape.layers // pp
     embedding = shape.vocab * shape.hidden * act
     padded_vocab = math.ceil(shape.vocab / tp) * tp
@@ -166,19 +169,20 @@ def plan(
     tp: int,
     pp: int,
     dtype: str,
-    linear_dtype: str | None,
+    linear: WeightStorage | None,
     kv_dtype: str | None,
     limits: Limits,
     kv_fraction: float = KV_FRACTION,
 ) -> MemoryPlan:
     """The memory plan of a model (its TensorRT-LLM config) on `gpu`, for resolved limits;
-    `linear_dtype` (int8, fp8) and `kv_dtype` (int8, fp8): None for the model dtype."""
+    `linear` (the mode's quantized linears, Mode.weights) and `kv_dtype` (int8, fp8): None for
+    the model dtype."""
     if not limits.resolved:
         raise ValueError("internal: plan() needs resolved limits (memplan.resolve_limits)")
     shape = ModelShape.from_config(config)
     spec: GpuSpec = GPUS[gpu]
     kv_dtype = kv_dtype or dtype
-    weights = weight_bytes(shape, tp, pp, dtype, linear_dtype)
+    weights = weight_bytes(shape, tp, pp, dtype, linear)
     activations = activation_bytes(shape, tp, dtype, limits)
     total = int(spec.memory_gib * GIB)
     free = total - weights - activations - OVERHEAD_BYTES
@@ -188,7 +192,7 @@ def plan(
         tp=tp,
         pp=pp,
         dtype=dtype,
-        weight_dtype=linear_dtype or dtype,
+        weight_dtype=dtype if linear is None else linear.name,
         kv_dtype=kv_dtype,
         weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(shape, tp, pp, kv_dtype),
@@ -197,6 +201,7 @@ def plan(
         kv_budget_bytes=max(0, int(free * kv_fraction)),
         limits=limits,
         kv_fraction=kv_fraction,
+        linear=linear,
     )
 
 
@@ -211,7 +216,7 @@ def _replan(config: dict[str, Any], memory: MemoryPlan, **changes: Any) -> Memor
     """`memory`'s plan again with some of its inputs changed."""
     inputs = {
         "gpu": memory.gpu, "tp": memory.tp, "pp": memory.pp, "dtype": memory.dtype,
-        "linear_dtype": memory.weight_dtype, "kv_dtype": memory.kv_dtype,
+        "linear": memory.linear, "kv_dtype": memory.kv_dtype,
         "limits": memory.limits, "kv_fraction": memory.kv_fraction,
     }  # fmt: skip
     return plan(config, **{**inputs, **changes})
@@ -228,10 +233,14 @@ def alternatives(config: dict[str, Any], memory: MemoryPlan, *, gpu_count: int =
             if trial.fits:
                 found.append(f"--tp {tp} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
                 break
-    if memory.weight_dtype not in ("int8", "fp8"):
-        trial = _replan(config, memory, linear_dtype="int8")
+    if memory.linear is None:  # the default INT8 mode's weights
+        int8 = SmoothQuant()
+        trial = _replan(config, memory, linear=int8.weights)
         if trial.fits:
-            found.append(f"--dtype int8 ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)")
+            choice = next(iter(int8.CHOICES))
+            found.append(
+                f"--dtype {choice} ({trial.weight_bytes / GIB:.1f} GiB of weights per rank)"
+            )
     lim = memory.limits
     if lim.max_seq_len > 1024:
         shorter = replace(lim, max_seq_len=1024, max_input_len=min(lim.max_input_len, 1024))
@@ -292,11 +301,7 @@ def plan_for(spec: Any, hf_config: dict[str, Any]) -> MemoryPlan:
         tp=spec.tp,
         pp=spec.pp,
         dtype=dtype,
-        linear_dtype="fp8"
-        if isinstance(mode, Fp8)
-        else "int8"
-        if isinstance(mode, (SmoothQuant, WeightOnlyInt8))
-        else None,
+        linear=mode.weights,
         kv_dtype={"int8": "int8", "fp8": "fp8"}.get(mode.kv_cache),
         limits=lim,
         kv_fraction=spec.triton.kv_cache_free_gpu_mem_fraction,

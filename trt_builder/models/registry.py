@@ -53,6 +53,13 @@ def refuse_llmapi(family: Family, architecture: str) -> None:
         )
 
 
+def refuse_mode(family: Family, architecture: str, flag: str | None) -> None:
+    """A mode for a family it does not build (`flag`: the mode's Mode.FAMILY_FLAG), refused
+    with the way out."""
+    if flag == "smoothquant":
+        refuse_smoothquant(family, architecture)
+
+
 def refuse_smoothquant(family: Family, architecture: str) -> None:
     """SmoothQuant for a family it does not build, refused with the way out (early, from the
     config alone, and again by convert)."""

@@ -26,14 +26,13 @@ from ..core.versions import tool_versions
 from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
-from ..models.registry import family_for, refuse_llmapi, refuse_smoothquant
+from ..models.registry import family_for, refuse_llmapi, refuse_mode
 from ..recipe.stage import RecipeStage
 from ..source.fetch import config_alone
 from ..source.files import read_hf_config
 from ..source.resolve import resolve_source
 from ..source.stage import FetchStage
 from ..spec.build import BuildSpec
-from ..spec.modes import SmoothQuant
 from ..triton.stage import PackageStage
 from ..verify.stage import VerifyStage
 
@@ -121,8 +120,6 @@ def prepare(spec: BuildSpec, *, force: bool = False, offline: bool | None = None
     layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root)
     ctx = BuildContext(spec, source, layout, digests, force=force, offline=offline)
     check_model_early(ctx)
-    if spec.mode_notice:
-        ctx.notices.append(spec.mode_notice)
     return ctx
 
 
@@ -133,8 +130,7 @@ def refuse_unbuildable(hf_config: dict[str, Any], spec: BuildSpec) -> None:
     if spec.tp * spec.pp > 1:
         check_mapping(family.config(hf_config), spec.tp, spec.pp)
     architecture = str((hf_config.get("architectures") or ["?"])[0])
-    if isinstance(spec.mode, SmoothQuant):
-        refuse_smoothquant(family, architecture)
+    refuse_mode(family, architecture, spec.mode.FAMILY_FLAG)
     if spec.target == "llmapi":
         refuse_llmapi(family, architecture)
 

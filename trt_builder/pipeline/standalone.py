@@ -12,7 +12,7 @@ from ..core.fsio import write_json
 from ..engine.llmapi_runtime import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..engine.runtime import EngineRuntime
 from ..spec.build import BuildSpec
-from ..spec.gates import checkpoint_mode
+from ..spec.modes import checkpoint_mode
 from ..triton.runtime import TritonRuntime
 from ..verify.compare import RuntimeOpener, verify_checkpoint
 from ..verify.reports import write_reports

@@ -5,12 +5,13 @@ alone of the recipe's, so that editing the search does not change convert's key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.stage import BuildContext
-from ..spec.modes import Fp8, QuantMode, SmoothQuant
+from ..spec.modes import Fp8, Mode, SmoothQuant
 
 #: Global alphas tried.
 ALPHAS = (0.4, 0.5, 0.6, 0.7, 0.8)
@@ -33,6 +34,14 @@ class SearchSet:
     def key_fields(self) -> dict[str, Any]:
         return asdict(self)
 
+    def slug(self) -> str:
+        """Its recipe directory's name, after the calibration's."""
+        return "per-token" if self.per_token else "per-tensor"
+
+    def read_by_convert(self, directory: Path) -> Path:
+        """What convert reads of its recipe `directory`: recipe.json (the chosen alphas)."""
+        return directory / "recipe.json"
+
 
 @dataclass(frozen=True)
 class Fp8SearchSet:
@@ -52,14 +61,32 @@ class Fp8SearchSet:
     def key_fields(self) -> dict[str, Any]:
         return {"mode": "fp8", **asdict(self)}
 
+    def slug(self) -> str:
+        """Its recipe directory's name, after the calibration's (the rounded weights depend on
+        the dtype)."""
+        return f"fp8-{self.dtype}"
 
-def search_set(mode: QuantMode) -> SearchSet | Fp8SearchSet | None:
+    def read_by_convert(self, directory: Path) -> Path:
+        """What convert reads of its recipe `directory`: recipe.json and the weights beside it."""
+        return directory
+
+
+#: The recipe search of each mode that has one, by its config's type (Mode.searches says
+#: whether a config leaves a choice to it).
+SEARCHES: dict[type[Mode], Callable[[Any], SearchSet | Fp8SearchSet]] = {
+    SmoothQuant: lambda mode: SearchSet(per_token=mode.per_token),
+    Fp8: lambda mode: Fp8SearchSet(dtype=mode.dtype),
+}
+
+
+def _set_of(mode: Mode) -> SearchSet | Fp8SearchSet | None:
+    make = SEARCHES.get(type(mode))
+    return None if make is None else make(mode)
+
+
+def search_set(mode: Mode) -> SearchSet | Fp8SearchSet | None:
     """What the recipe stage searches for this mode, or None where it does not run."""
-    if isinstance(mode, SmoothQuant) and mode.alpha is None:
-        return SearchSet(per_token=mode.per_token)
-    if isinstance(mode, Fp8) and mode.search:
-        return Fp8SearchSet(dtype=mode.dtype)
-    return None
+    return _set_of(mode) if mode.searches else None
 
 
 def searches(ctx: BuildContext) -> bool:
@@ -68,9 +95,13 @@ def searches(ctx: BuildContext) -> bool:
     return search_set(ctx.spec.mode) is not None
 
 
-def recipe_dir(ctx: BuildContext) -> Path:
+def recipe_input(ctx: BuildContext) -> Path | None:
+    """What convert reads of the recipe stage's output, or None where the mode searches
+    nothing."""
     choice = search_set(ctx.spec.mode)
-    if isinstance(choice, Fp8SearchSet):  # the rounded weights depend on the dtype
-        return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-fp8-{choice.dtype}")
-    granularity = "per-token" if getattr(ctx.spec.mode, "per_token", True) else "per-tensor"
-    return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-{granularity}")
+    return None if choice is None else choice.read_by_convert(recipe_dir(ctx))
+
+
+def recipe_dir(ctx: BuildContext) -> Path:
+    choice = _set_of(ctx.spec.mode) or SearchSet()
+    return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-{choice.slug()}")

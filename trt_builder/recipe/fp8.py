@@ -42,7 +42,8 @@ import torch
 from ..calibrate.corpus import corpus_windows, sampled_windows
 from ..calibrate.stats import load_stats
 from ..checkpoint.fp8 import FP8_MAX, to_e4m3, weight_scale
-from ..checkpoint.safetensors_io import DTYPES, SafetensorsIndex, weight_files
+from ..checkpoint.safetensors_io import DTYPES, SafetensorsIndex
+from ..checkpoint.weights import weight_files
 from ..core.dtypes import torch_dtype
 from ..models.family import TensorRule
 from ..models.registry import family_for

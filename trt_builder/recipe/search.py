@@ -34,7 +34,8 @@ import torch
 
 from ..calibrate.corpus import corpus_windows
 from ..calibrate.stats import load_stats
-from ..checkpoint.safetensors_io import SafetensorsIndex, weight_files
+from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..checkpoint.weights import weight_files
 from ..models.registry import family_for
 from ..source.files import read_hf_config
 from .candidates import SearchSet

@@ -23,6 +23,7 @@ from ..checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
+from ..spec.modes import mode_of
 from .fp8 import fp8_kernel_runs, fp8_matmul
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 
@@ -131,12 +132,12 @@ class CheckpointRuntime:
         self.config = config
         self.device = device
         self.dtype = torch_dtype(config["dtype"])
-        quant = config.get("quantization") or {}
-        self.quant_algo = quant.get("quant_algo")
-        self.smoothquant = str(self.quant_algo or "").startswith("W8A8_SQ_")
-        self.per_token = "PER_TOKEN" in str(self.quant_algo or "")
-        self.kv_int8 = quant.get("kv_cache_quant_algo") == "INT8"
-        self.kv_fp8 = quant.get("kv_cache_quant_algo") == "FP8"
+        self.mode = mode_of(config.get("quantization") or {}, str(config["dtype"]))
+        self.smoothquant = self.mode.activations == "int8"  # the SmoothQuant plugin's GEMM
+        self.per_token = self.mode.dynamic_activations
+        # INT8 weights and float activations (W8A16): the builder rounds the float weights
+        self.weight_only = self.mode.weights is not None and self.mode.activations is None
+        self.kv_int8, self.kv_fp8 = self.mode.kv_int8, self.mode.kv_fp8
         self.w = {k: v.to(device) for k, v in weights.items()}
         attention = AttentionShape.of(config)
         self.heads, self.kv_heads, self.head = (
@@ -175,11 +176,7 @@ class CheckpointRuntime:
             return w.float()  # exact integers; the scales are applied around the GEMM
         if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
             return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
-        if (
-            w.dtype == torch.int8
-            and self.quant_algo == "W8A16"
-            and name.endswith(WEIGHT_ONLY_LINEARS)
-        ):
+        if w.dtype == torch.int8 and self.weight_only and name.endswith(WEIGHT_ONLY_LINEARS):
             scale = self.w.get(name.removesuffix(".weight") + WEIGHT_SCALE)
             if scale is not None:  # the llmapi checkpoint's INT8 values: as its GEMM reads them
                 return w.float() * scale.float()[:, None]
@@ -187,7 +184,7 @@ class CheckpointRuntime:
             raise InputError(
                 f"{name} is stored as int8: pre-quantized W8A16 files are GPU-specific; convert with trt-builder"
             )
-        if self.quant_algo == "W8A16" and name.endswith(WEIGHT_ONLY_LINEARS):
+        if self.weight_only and name.endswith(WEIGHT_ONLY_LINEARS):
             return weight_only_int8(w, self.dtype)
         return w.float()
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SpecError
-from .gates import Gate, gate_for
-from .gpus import GPUS
-from .modes import DTYPE_CHOICES, QuantMode, SmoothQuant, mode_for
+from .gates import Gate
+from .gpus import FEATURES, GPUS
+from .modes import DTYPE_CHOICES, Mode, ModeOptions, check_alpha, gate_for, mode_for
+from .modes.kvcache import KV_NEEDS, kv_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -134,19 +135,13 @@ class Int8Options:
     """The INT8 recipes: SmoothQuant's smoothing strength and activation granularity (--dtype
     int8), weight-only's calibrated clipping (--dtype int8-wo)."""
 
-    alpha: float | str = "auto"  # "auto": searched on the corpus's search split (recipe.py)
+    alpha: float | str = "auto"  # "auto": searched on the corpus's search split (recipe/search.py)
     granularity: str = "per-token"  # or "per-tensor" (static activation scales)
     wo_clip: bool = True  # false: the builder's plain rounding, no calibration
 
     def __post_init__(self) -> None:
-        if self.alpha != "auto":
-            try:
-                alpha = float(self.alpha)
-            except (TypeError, ValueError):
-                raise SpecError("int8.alpha is 'auto' or a number between 0 and 1") from None
-            if not 0.0 <= alpha <= 1.0:
-                raise SpecError("int8.alpha must be between 0 and 1 (or 'auto')")
-            object.__setattr__(self, "alpha", alpha)
+        alpha = check_alpha(self.alpha)  # SmoothQuant's room validates it
+        object.__setattr__(self, "alpha", "auto" if alpha is None else alpha)
         if self.granularity not in ("per-token", "per-tensor"):
             raise SpecError("int8.granularity must be per-token or per-tensor")
         if not isinstance(self.wo_clip, bool):
@@ -285,31 +280,27 @@ class BuildSpec:
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
         mode = self.mode  # refuses a --kv-cache / --dtype combination that does not exist
         sm = GPUS[self.target_gpu].sm
-        int8 = mode.name.startswith("int8") or mode.kv_int8
-        if 100 <= sm < 120 and int8:
-            # TensorRT-LLM's builder.py refuses these on the build GPU's SM 100-119
+        lacking = [need for need in mode.gpu_needs if FEATURES[need].lacks(sm)]
+        if "int8" in lacking:
             raise SpecError(
                 f"--target-gpu {self.target_gpu} is SM {sm}, where TensorRT-LLM builds no INT8 "
                 f"(weight-only, SmoothQuant or the INT8 KV cache; --dtype {self.dtype}, "
                 f"--kv-cache {self.kv_cache}): use --dtype fp8, float16 or bfloat16 with "
                 "--kv-cache model or fp8 there, or target an SM 80-90 GPU (A100, H100, H200)"
             )
-        fp8 = [flag for flag, on in (("--dtype fp8", mode.name.startswith("fp8")),
-                                     ("--kv-cache fp8", mode.kv_fp8)) if on]  # fmt: skip
-        if fp8 and sm < 89:
-            # no FP8 GEMM kernel below SM 89; TensorRT-LLM's support matrix lists FP8 (the KV
-            # cache included) on SM 89 and up only (docs/quantization.md)
+        if "fp8" in lacking:
+            fp8 = [flag for flag, on in ((f"--dtype {self.dtype}", "fp8" in mode.gemm_needs),
+                                         ("--kv-cache fp8", KV_NEEDS.get(self.kv_cache) == "fp8"))
+                   if on]  # fmt: skip
             raise SpecError(
                 f"--target-gpu {self.target_gpu} is SM {sm}, which has no FP8 ({' and '.join(fp8)} "
                 "need SM 89 or newer: L4, L40S, H100, H200, B200): use --dtype int8 or "
                 "float16 there, with --kv-cache int8 or model"
             )
-        if mode.name.startswith("fp8") and mode.kv_int8:
-            raise SpecError(
-                "--dtype fp8 with --kv-cache int8 is not built: use --kv-cache fp8 (or model)"
-            )
-        if self.target == "llmapi":
-            _refuse_for_llmapi(mode, self.dtype, self.kv_cache)
+        refusal = (mode.kv_refusal() or mode.target_refusal(self.target)
+                   or kv_refusal(self.kv_cache, self.target, mode.quant_algo, self.dtype))  # fmt: skip
+        if refusal:
+            raise SpecError(refusal)
         gemm = self.engine.gemm_plugin
         if gemm != "auto" and mode.dtype != "auto" and gemm != mode.dtype:
             raise SpecError(
@@ -318,15 +309,11 @@ class BuildSpec:
             )
 
     @property
-    def mode(self) -> QuantMode:
+    def mode(self) -> Mode:
         alpha = None if self.int8.alpha == "auto" else float(self.int8.alpha)
-        return mode_for(self.dtype, kv_cache=self.kv_cache, alpha=alpha,
-                        granularity=self.int8.granularity,
-                        wo_clip=self.int8.wo_clip, fp8_search=self.fp8.search)[0]  # fmt: skip
-
-    @property
-    def mode_notice(self) -> str | None:
-        return mode_for(self.dtype, kv_cache=self.kv_cache)[1]
+        options = ModeOptions(alpha=alpha, granularity=self.int8.granularity,
+                              wo_clip=self.int8.wo_clip, fp8_search=self.fp8.search)  # fmt: skip
+        return mode_for(self.dtype, kv_cache=self.kv_cache, options=options)
 
     @property
     def variant(self) -> str:
@@ -341,29 +328,6 @@ class BuildSpec:
         data["mode"] = self.mode.to_json()
         data["spec_version"] = SPEC_VERSION
         return data
-
-
-def _refuse_for_llmapi(mode: QuantMode, dtype: str, kv_cache: str) -> None:
-    """What TensorRT-LLM's PyTorch backend does not run (docs/llmapi.md): SmoothQuant (no W8A8
-    SmoothQuant linear method in tensorrt_llm/_torch/modules/linear.py) and the INT8 KV cache
-    (its KV cache dtypes are the model's, FP8 and NVFP4)."""
-    if isinstance(mode, SmoothQuant):
-        raise SpecError(
-            f"--dtype {dtype} (SmoothQuant) is not built for --target llmapi: TensorRT-LLM's "
-            "PyTorch backend has no SmoothQuant linear; use --dtype fp8 (SM 89+) or int8-wo, "
-            "or --target engine"
-        )
-    if mode.kv_int8:
-        raise SpecError(
-            "--kv-cache int8 is not built for --target llmapi: TensorRT-LLM's PyTorch backend "
-            "has no INT8 KV cache; use --kv-cache fp8 (SM 89+) or model, or --target engine"
-        )
-    if mode.kv_fp8 and mode.quant_algo is None:
-        raise SpecError(
-            f"--dtype {dtype} --kv-cache fp8 is not built for --target llmapi: TensorRT-LLM's "
-            "LLM API refuses a pre-quantized checkpoint without quant_algo; use --dtype fp8 "
-            "--kv-cache fp8, or serve the float checkpoint with kv_cache_config dtype fp8"
-        )
 
 
 _SECTIONS = {

@@ -1,9 +1,10 @@
-"""Verify gates and the fixed prompt set (light: no torch import, so cached reruns stay fast)."""
+"""A verify gate, and the quantization a checkpoint declares (light: no torch import, so cached
+reruns stay fast). Each mode's default gates are in its room (spec/modes/)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,73 +21,6 @@ class Gate:
     max_kl: float
     max_ppl_delta_pct: float | None = None
     min_greedy: float | None = None
-
-
-#: Default gates per mode, against a float32 transformers reference. Measured on
-#: SmolLM2-135M-Instruct (docs/benchmarks.md) with headroom for other models.
-DEFAULT_GATES: dict[str, Gate] = {
-    "float32": Gate(min_top1=0.999, max_kl=1e-4, max_ppl_delta_pct=0.01),
-    "float16": Gate(min_top1=0.99, max_kl=1e-3, max_ppl_delta_pct=0.1),
-    "bfloat16": Gate(min_top1=0.95, max_kl=1e-2, max_ppl_delta_pct=1.0),
-    "int8-wo": Gate(min_top1=0.95, max_kl=2e-2, max_ppl_delta_pct=2.0),
-    # SmoothQuant W8A8 with per-token activation scales (with or without the INT8 KV cache)
-    "int8": Gate(min_top1=0.85, max_kl=6e-2, max_ppl_delta_pct=3.0),
-    # ... with one static activation scale per tensor (--sq-granularity per-tensor): a coarser
-    # format; SmolLM2 with searched alphas: top-1 0.82, KL 0.12, perplexity +3.8%
-    "int8-static": Gate(min_top1=0.75, max_kl=0.2, max_ppl_delta_pct=6.0),
-    # FP8 per-tensor W8A8 with calibrated amax scales
-    "fp8": Gate(min_top1=0.85, max_kl=0.1, max_ppl_delta_pct=5.0),
-}
-
-
-#: What the INT8 KV cache may add to a mode's held-out perplexity gate, in points: verify
-#: decodes an INT8-KV-cache checkpoint's held-out text through the cache, where its rounding
-#: shows (docs/verify.md), and the cache is to cost at most this over the same build without it.
-KV_INT8_PPL_POINTS = 0.5
-#: The same for the FP8 KV cache (e4m3 keeps 3 mantissa bits: a coarser cache than INT8's
-#: balanced one on the default model, docs/benchmarks.md).
-KV_FP8_PPL_POINTS = 1.5
-
-
-def gate_key(mode: str) -> str:
-    """The DEFAULT_GATES key of a mode name (int8-sq and int8-sq-kv8 share int8's, the static
-    int8-sq-static* int8-static's; int8-wo-noclip int8-wo's; float16-kv8 and float16-fp8kv
-    float16's, fp8-fp8kv fp8's)."""
-    if mode.startswith("fp8"):
-        return "fp8"
-    if mode.startswith("int8-sq-static"):
-        return "int8-static"
-    if mode.startswith("int8-sq"):
-        return "int8"
-    return (
-        "int8-wo"
-        if mode.startswith("int8-wo")
-        else mode.removesuffix("-kv8").removesuffix("-fp8kv")
-    )
-
-
-def gate_for(
-    mode: str,
-    *,
-    min_top1: float | None = None,
-    max_kl: float | None = None,
-    max_ppl_delta_pct: float | None = None,
-    min_greedy: float | None = None,
-) -> Gate:
-    """The default gate of a mode, with the spec's overrides (None keeps the default)."""
-    default = DEFAULT_GATES[gate_key(mode)]
-    points = {"-kv8": KV_INT8_PPL_POINTS, "-fp8kv": KV_FP8_PPL_POINTS}
-    for suffix, extra in points.items():
-        if mode.endswith(suffix) and default.max_ppl_delta_pct is not None:
-            default = replace(default, max_ppl_delta_pct=default.max_ppl_delta_pct + extra)
-    return Gate(
-        min_top1=default.min_top1 if min_top1 is None else min_top1,
-        max_kl=default.max_kl if max_kl is None else max_kl,
-        max_ppl_delta_pct=default.max_ppl_delta_pct
-        if max_ppl_delta_pct is None
-        else max_ppl_delta_pct,
-        min_greedy=default.min_greedy if min_greedy is None else min_greedy,
-    )
 
 
 def hf_quantization(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -120,10 +54,9 @@ def modelopt_quantization(found: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def checkpoint_mode(checkpoint: Path) -> str:
-    """The mode name of a checkpoint directory (TensorRT-LLM's, or the Hugging Face one of the
-    llmapi target): a DEFAULT_GATES key, with "-kv8" for the INT8 KV cache and "-fp8kv" for
-    the FP8 one."""
+def checkpoint_quantization(checkpoint: Path) -> tuple[dict[str, Any], Any]:
+    """The quantization table and dtype of a checkpoint directory: TensorRT-LLM's config.json
+    `quantization`, or the Hugging Face one's of the llmapi target (hf_quantization)."""
     try:
         config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
@@ -131,18 +64,5 @@ def checkpoint_mode(checkpoint: Path) -> str:
             f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
         ) from None
     if "architecture" not in config and "architectures" in config:  # a Hugging Face checkpoint
-        quant = hf_quantization(checkpoint, config)
-        dtype = config.get("dtype") or config.get("torch_dtype")
-    else:
-        quant, dtype = config.get("quantization") or {}, config.get("dtype")
-    algo = quant.get("quant_algo")
-    kv8 = {"INT8": "-kv8", "FP8": "-fp8kv"}.get(str(quant.get("kv_cache_quant_algo")), "")
-    if algo == "FP8":
-        return "fp8" + kv8
-    if algo == "W8A16":
-        return "int8-wo" + kv8
-    if str(algo).startswith("W8A8_SQ_"):
-        return ("int8" if "PER_TOKEN" in str(algo) else "int8-static") + kv8
-    if algo is None and dtype in DEFAULT_GATES:
-        return str(dtype) + kv8
-    raise InputError(f"no verify gate for a {dtype} / {algo} checkpoint yet")
+        return hf_quantization(checkpoint, config), config.get("dtype") or config.get("torch_dtype")
+    return config.get("quantization") or {}, config.get("dtype")

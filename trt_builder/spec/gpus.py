@@ -25,3 +25,28 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("B200", 180, 100),
     )
 }
+
+
+@dataclass(frozen=True)
+class Feature:
+    """What a mode may need of a GPU (Mode.gpu_needs): the SMs that lack it, and why."""
+
+    lacking: range  # the SMs without it
+    why: str  # `doctor`'s reason, formatted with the GPU's {sm}
+
+    def lacks(self, sm: int) -> bool:
+        return sm in self.lacking
+
+
+#: The GPU features modes need, in the order of the GPU generations that brought them.
+FEATURES: dict[str, Feature] = {
+    "bf16": Feature(range(0, 80), "bfloat16 needs SM 80 or newer, this GPU is SM {sm}"),
+    # TensorRT-LLM's builder.py refuses INT8 (weight-only, SmoothQuant, the INT8 KV cache) on
+    # the build GPU's SM 100-119
+    "int8": Feature(
+        range(100, 120), "TensorRT-LLM refuses INT8 and SmoothQuant on SM {sm} (SM 100-119)"
+    ),  # fmt: skip
+    # no FP8 GEMM kernel below SM 89; TensorRT-LLM's support matrix lists FP8 (the KV cache
+    # included) on SM 89 and up only (docs/quantization.md)
+    "fp8": Feature(range(0, 89), "FP8 needs SM 89 or newer, this GPU is SM {sm}"),
+}

@@ -15,12 +15,14 @@ import torch
 
 from ..calibrate.corpus import corpus_windows
 from ..checkpoint.reader import read_checkpoint
-from ..checkpoint.safetensors_io import SafetensorsIndex, weight_files
+from ..checkpoint.safetensors_io import SafetensorsIndex
+from ..checkpoint.weights import weight_files
 from ..core.errors import InputError
 from ..runtimes.checkpoint import CheckpointRuntime
 from ..runtimes.scoring import kl, nll
 from ..source.hf import end_ids, load_hf_model, load_tokenizer, pick_device
 from ..spec.gates import Gate
+from ..spec.modes.kvcache import kv_cache_of
 from . import diagnose
 from .diagnose import Finding
 from .prompts import load_prompts
@@ -417,7 +419,7 @@ def verify_checkpoint(
     teacher_forced = getattr(candidate, "teacher_forced", True)
     decoded_from = None
     kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
-    if kv_algo in ("INT8", "FP8"):
+    if kv_cache_of(kv_algo) != "model":  # a quantized KV cache
         decoded_from = DECODED_FROM if runtime == "reference" else None
         notes.append(
             f"the {kv_algo} KV cache's error shows where tokens are read back from the cache: in "

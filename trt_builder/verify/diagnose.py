@@ -26,8 +26,9 @@ import torch
 from ..checkpoint.parallel import tp_kind
 from ..convert.plan import plan_conversion
 from ..core.dtypes import FLOATS, torch_dtype
-from ..core.errors import TrtBuilderError
-from ..spec.modes import FloatMode, WeightOnlyInt8
+from ..core.errors import InputError, TrtBuilderError
+from ..spec.modes import mode_of
+from ..spec.modes.kvcache import KV_QUANT_ALGO, kv_cache_of
 
 #: Config keys that say how the checkpoint was made rather than what the model is.
 _BUILD_KEYS = {"dtype", "logits_dtype", "mapping", "quantization", "producer"}
@@ -393,19 +394,22 @@ def check_static(checkpoint: Path, config: dict[str, Any], weights: dict[str, to
 
     algo = (config.get("quantization") or {}).get("quant_algo")
     dtype = str(config.get("dtype"))
-    mode = WeightOnlyInt8(dtype) if algo == "W8A16" else FloatMode(dtype) if algo is None else None
-    if mode is None:
+    try:  # without its KV cache, whose tensors are checked below
+        mode = mode_of({"quant_algo": algo}, dtype)
+    except InputError:
+        mode = None
+    if mode is None or not mode.static_weights:
         return [], [f"weights of a {algo} checkpoint are compared through the runtime only"]
     try:
         _, expected_config, rules, index, _ = plan_conversion(reference_dir, mode)
     except TrtBuilderError as exc:
         return [], [f"the HF model could not be mapped for a static check ({exc})"]
     notes = []
-    if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "FP8":
-        expected_config["quantization"]["kv_cache_quant_algo"] = "FP8"  # weights as they are
-    if (config.get("quantization") or {}).get("kv_cache_quant_algo") == "INT8":
+    kv = kv_cache_of((config.get("quantization") or {}).get("kv_cache_quant_algo"))
+    if kv != "model":  # weights as they are
+        expected_config["quantization"]["kv_cache_quant_algo"] = KV_QUANT_ALGO[kv]
+    if kv == "int8":
         # the INT8 KV cache's balancing rescales qkv rows and dense columns (kvcache.py)
-        expected_config["quantization"]["kv_cache_quant_algo"] = "INT8"
         rules = [r for r in rules if not r.name.endswith(BALANCED)]
         notes.append("qkv and dense of an INT8-KV-cache checkpoint are rescaled by its K/V "
                      "balancing: they are compared through the runtime only")  # fmt: skip
