@@ -1,9 +1,13 @@
-.PHONY: setup test lint build
+.PHONY: setup test test-fast lint build
 
 setup:
 	bash scripts/setup.sh
 
 test: setup
+	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -m integration
+
+test-fast: setup
 	.venv/bin/python -m pytest
 
 lint: setup
