@@ -543,3 +543,23 @@ def test_qwen3_smoothquant_is_refused_before_any_work(
     assert main(["plan", "--model", str(model), "--dtype", "int8"]) != 0
     assert "SmoothQuant is not supported for Qwen3ForCausalLM" in capsys.readouterr().err
     assert main(["plan", "--model", str(model), "--dtype", "int8-wo"]) == 0
+
+
+def test_a_chat_template_that_leaves_the_sandbox_is_bad_input_not_an_internal_error(
+    tiny_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model whose chat template calls a method jinja's sandbox forbids (transformers renders
+    it in ImmutableSandboxedEnvironment; verify renders the prompt set's chats): exit 3 with one
+    line that says what the template did and what to replace, no traceback, no verify report
+    (before: "internal error: SecurityError", exit 1)."""
+    (tiny_copy / "chat_template.jinja").write_text("{{ [].append(1) }}{{ messages[0].content }}")
+    config = json.loads((tiny_copy / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tiny_copy / "tokenizer_config.json").write_text(json.dumps(config))
+    code, _, err = _cli(capsys, "build", *_common(tiny_copy, tmp_path), "--dtype", "float32")
+    assert code == 3, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "chat template tried to leave jinja's sandbox (SecurityError" in lines[0]
+    assert "replace the template" in lines[0]
+    assert not list((tmp_path / "engines").glob("*/*/*/reports/verify.json"))

@@ -16,12 +16,12 @@ import pytest
 from trt_builder.core import versions
 from trt_builder.core.digests import DigestCache
 from trt_builder.core.layout import Layout
-from trt_builder.core.stage import BuildContext, run_stage
+from trt_builder.core.stage import BuildContext, Stage, run_stage
 from trt_builder.source.resolve import ModelSource
 from trt_builder.spec.build import BuildSpec
 
 
-class CopyStage:
+class CopyStage(Stage):
     """A toy stage: concatenates its input files, with a parameter and a tool."""
 
     version: ClassVar[int] = 1

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.stage import MARKER, BuildContext
+from ..core.stage import MARKER, BuildContext, Stage
 
 
-class CalibrateStage:
+class CalibrateStage(Stage):
     name: ClassVar[str] = "calibrate"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")

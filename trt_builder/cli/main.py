@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import __version__
-from ..core.errors import EXIT_CODES, TrtBuilderError, VerifyFailed
+from ..core.errors import EXIT_CODES, TrtBuilderError, VerifyFailed, library_error
 from ..pipeline.build import BuildResult, run
 from ..spec.build import load_toml, make_spec
 from . import options
@@ -793,16 +793,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
-    except TrtBuilderError as exc:
+    except Exception as exc:  # the one place an error becomes a message and an exit code
+        known = exc if isinstance(exc, TrtBuilderError) else library_error(exc)
         if out.debug:
             traceback.print_exc()
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        if out.json and not out.printed:
-            click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}))
-        return exc.exit_code
-    except Exception as exc:  # the one place an unexpected error becomes a message
-        if out.debug:
-            traceback.print_exc()
+        if known is not None:
+            err.print(f"[red]error:[/] {escape(str(known))}", soft_wrap=True)
+            if out.json and not out.printed:
+                click.echo(json.dumps({"ok": False, "error": str(known),
+                                       "exit_code": known.exit_code}))  # fmt: skip
+            return known.exit_code
         err.print(
             f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} "
             "(rerun with --debug and report it)",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..checkpoint.weights import weight_files
-from ..core.stage import BuildContext
+from ..core.stage import BuildContext, Stage
 from ..recipe.candidates import recipe_dir, recipe_input, searches
 
 
@@ -16,7 +16,7 @@ def fetched(hf: Path) -> bool:
     return any(hf.glob("*.safetensors"))
 
 
-class ConvertStage:
+class ConvertStage(Stage):
     name: ClassVar[str] = "convert"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "safetensors")

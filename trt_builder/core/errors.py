@@ -98,3 +98,32 @@ EXIT_CODES: dict[int, str] = {
     12: "a Triton request failed: refused, timed out, or not a trt-builder deployment",
     130: "interrupted (Ctrl-C)",
 }
+
+
+#: Errors of the libraries trt-builder drives that are bad input, not a fault of trt-builder:
+#: their class (module and name, so no library is imported to name it) -> the error it is
+#: reported as, and the one line that names the fix ({0}: the library's own message).
+LIBRARY_ERRORS: dict[str, tuple[type[TrtBuilderError], str]] = {
+    # transformers renders chat templates in jinja's ImmutableSandboxedEnvironment
+    "jinja2.exceptions.SecurityError": (
+        InputError,
+        "the model's chat template tried to leave jinja's sandbox ({0}): it is not run; "
+        "replace the template (tokenizer_config.json's chat_template, or chat_template.jinja)",
+    ),
+    "jinja2.exceptions.TemplateError": (
+        InputError,
+        "the model's chat template does not render ({0}): fix or replace it "
+        "(tokenizer_config.json's chat_template, or chat_template.jinja)",
+    ),
+}
+
+
+def library_error(exc: BaseException) -> TrtBuilderError | None:
+    """The trt-builder error a library's exception stands for (LIBRARY_ERRORS, matched on the
+    exception's class or the nearest base class listed), or None: an internal error."""
+    for cls in type(exc).__mro__:
+        found = LIBRARY_ERRORS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if found is not None:
+            kind, words = found
+            return kind(words.format(f"{type(exc).__name__}: {exc}"))
+    return None

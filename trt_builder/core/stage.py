@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import codegraph
 from .digests import DigestCache, sha256_json
@@ -71,20 +71,39 @@ class StageRecord:
         return dict(self.__dict__)
 
 
-class Stage(Protocol):
-    """A step of the pipeline. `run` writes into `work`, which becomes `output_dir` whole."""
+class Stage:
+    """A step of the pipeline, and everything the pipeline asks of one (each stage is a
+    subclass). `run` writes into `work`, which becomes `output_dir` whole."""
 
     name: ClassVar[str]
     version: ClassVar[int]  # bump when the same inputs would now give a different output
     tools: ClassVar[tuple[str, ...]]
+    #: What it takes of the handoff the stage before it left in memory (the rest is dropped).
+    takes: ClassVar[tuple[str, ...]] = ()
+    #: Whether it refuses a checkpoint that failed verify (and notes one never verified).
+    needs_verified_checkpoint: ClassVar[bool] = False
+    #: Whether it publishes its output itself (`place`), not by renaming `work` into place.
+    publishes: ClassVar[bool] = False
 
-    def output_dir(self, ctx: BuildContext) -> Path: ...
+    def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
+        """Whether a build runs it for this spec (`explicit`: it alone was asked for)."""
+        return True
 
-    def inputs(self, ctx: BuildContext) -> dict[str, Path]: ...
+    def output_dir(self, ctx: BuildContext) -> Path:
+        raise NotImplementedError
 
-    def params(self, ctx: BuildContext) -> dict[str, Any]: ...
+    def inputs(self, ctx: BuildContext) -> dict[str, Path]:
+        raise NotImplementedError
 
-    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]: ...
+    def params(self, ctx: BuildContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def place(self, ctx: BuildContext, work: Path, link: Path) -> None:
+        """Publish the finished `work` at `link` (only where `publishes`)."""
+        raise NotImplementedError
 
 
 def digest_inputs(ctx: BuildContext, inputs: dict[str, Path]) -> dict[str, str]:
@@ -175,8 +194,7 @@ def run_stage(stage: Stage, ctx: BuildContext) -> StageRecord:
     start = time.perf_counter()
     work: Path | None = None
     try:
-        place = getattr(stage, "place", None)  # a stage that publishes its output itself
-        placer = None if place is None else (lambda tmp, final: place(ctx, tmp, final))
+        placer = (lambda tmp, final: stage.place(ctx, tmp, final)) if stage.publishes else None
         with atomic_dir(output, placer) as work:
             try:
                 record.details = stage.run(ctx, work) or {}

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.errors import EngineError, SpecError
-from ..core.stage import BuildContext, StageSkipped
+from ..core.stage import BuildContext, Stage, StageSkipped
 from .build import build_command, build_engine, find_toolchain
 from .host import local_gpus
 
 NOT_INSTALLED = "TensorRT-LLM not installed"
 
 
-class EngineStage:
+class EngineStage(Stage):
     name: ClassVar[str] = "engine"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("tensorrt-llm", "tensorrt")

@@ -259,7 +259,7 @@ def _check_ready(stage: Stage, ctx: BuildContext) -> None:
             f"{stage.name} needs {missing[0]}, which does not exist: run the earlier stages "
             f"(trt-builder build, or the stage that writes it) first"
         )
-    if getattr(stage, "needs_verified_checkpoint", False):
+    if stage.needs_verified_checkpoint:
         _check_verified(stage, ctx)
 
 
@@ -277,7 +277,7 @@ def _run_one(
     emit("start", stage.name, None)
     ctx.progress = _progress(emit, stage.name)
     out = stage.output_dir(ctx)
-    for key in [k for k in ctx.handoff if k not in getattr(stage, "takes", ())]:
+    for key in [k for k in ctx.handoff if k not in stage.takes]:
         del ctx.handoff[key]  # what the stage before left in memory, and this one does not take
     left = list(ctx.handoff)
     try:  # outputs shared between variants (hf/) need a lock of their own
@@ -310,8 +310,7 @@ def _wanted(stage: Stage, ctx: BuildContext, only: tuple[str, ...]) -> bool:
     unless it is the one asked for."""
     if stage.name not in only:
         return False
-    wanted = getattr(stage, "wanted", None)
-    return wanted is None or bool(wanted(ctx, explicit=only == (stage.name,)))
+    return stage.wanted(ctx, explicit=only == (stage.name,))
 
 
 def _check_verified(stage: Stage, ctx: BuildContext) -> None:

@@ -13,13 +13,13 @@ from typing import Any, ClassVar
 
 from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
-from ..core.stage import BuildContext
+from ..core.stage import BuildContext, Stage
 from .candidates import Fp8SearchSet, SearchSet, recipe_dir, search_set, searches
 
 SEARCH_SPLIT = Path(__file__).parents[1] / "calibrate" / "data" / "search.jsonl"
 
 
-class RecipeStage:
+class RecipeStage(Stage):
     name: ClassVar[str] = "recipe"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.stage import BuildContext
+from ..core.stage import BuildContext, Stage
 from .fetch import fetch_model
 from .files import model_files
 
 
-class FetchStage:
+class FetchStage(Stage):
     name: ClassVar[str] = "fetch"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = (

@@ -8,18 +8,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.stage import BuildContext
+from ..core.stage import BuildContext, Stage
 from .llmapi import MODEL, TEMPLATE, trtllm_serve_command, write_llmapi_repository
 from .llmapi import REFERENCE as LLMAPI_REFERENCE
 from .package import backend, llmapi_options, repository_options, shipped_engine, tokenizer_files
 from .repository import INFO, REFERENCE, next_version, publish, write_repository
 
 
-class PackageStage:
+class PackageStage(Stage):
     name: ClassVar[str] = "package"
     version: ClassVar[int] = 2
     tools: ClassVar[tuple[str, ...]] = ("tritonclient", "transformers")
     needs_verified_checkpoint: ClassVar[bool] = True
+    publishes: ClassVar[bool] = True
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.triton

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.fsio import write_json
-from ..core.stage import BuildContext
+from ..core.stage import BuildContext, Stage
 from ..spec.gates import Gate
 from ..spec.modes import checkpoint_mode
 from .reports import write_reports
@@ -22,7 +22,7 @@ def _gate(ctx: BuildContext) -> Gate:
     return opts.gate(mode)
 
 
-class VerifyStage:
+class VerifyStage(Stage):
     name: ClassVar[str] = "verify"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
