@@ -350,6 +350,18 @@ def _read(checkpoint: Path, device: str) -> tuple[dict[str, Any], dict[str, torc
         return config, dict(zip(weights, moved, strict=True))
 
 
+class _Laps:
+    """Seconds of each part of a verify run, in the report's `seconds_by_part`."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.last = round(now - self.last, 2), now
+
+
 def verify_checkpoint(
     checkpoint: Path | None,
     reference_dir: Path,
@@ -374,72 +386,32 @@ def verify_checkpoint(
     the report; `passed` is False when a gate or a fatal finding fails."""
     from transformers.utils import logging as hf_logging
 
-    if runtime not in RUNTIMES:
-        raise InputError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
-    if runtime == "reference" and checkpoint is None:
-        raise InputError("the checkpoint runtime runs a checkpoint: pass --checkpoint")
-    if runtime != "reference" and open_runtime is None:
-        raise InputError(f"--runtime {runtime} needs its engine or deployment opened first")
+    _check_runtime(runtime, checkpoint, open_runtime)
     hf_logging.disable_progress_bar()
     device = pick_device(device)
-    start = time.perf_counter()
-    phases: dict[str, float] = {}  # seconds of each part, in the report
-    last = start
-
-    def lap(name: str) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        phases[name], last = round(now - last, 2), now
-
+    laps = _Laps()
+    tokenizer, candidate_tokenizer, reference, config, weights = _load(
+        checkpoint, reference_dir, tokenizer_dir, device, runtime, laps
+    )
     findings: list[Finding] = []
     notes: list[str] = []
-    config: dict[str, Any] = {}
-    weights: dict[str, torch.Tensor] = {}
-    # the checkpoint is read (and moved to the device) on a thread while transformers loads the
-    # reference: a rank file convert wrote around the page cache comes from the disk (a 7B
-    # float16 one in 9-13 s on the H200 host), the reference mostly from the cache
-    with ThreadPoolExecutor(1, thread_name_prefix="verify-read") as pool:
-        target = device if runtime == "reference" else "cpu"
-        reading = pool.submit(_read, checkpoint, target) if checkpoint is not None else None
-        tokenizer, candidate_tokenizer, reference = _models(reference_dir, tokenizer_dir, device)
-        lap("reference_load")
-        if reading is not None:
-            config, weights = reading.result()
-            lap("checkpoint_read")  # what was left of the read once the reference was loaded
-    if checkpoint is not None:
+    if checkpoint is not None:  # the config and every tensor against the HF model
         findings, notes = diagnose.check_static(checkpoint, config, weights, reference_dir)
-        lap("static_check")
-    if runtime == "reference":
-        candidate: Any = CheckpointRuntime(config, weights, device)
-    else:
-        assert open_runtime is not None
-        candidate = open_runtime(tokenizer)
+        laps.lap("static_check")
+    candidate = _candidate(runtime, config, weights, device, open_runtime, tokenizer)
     del weights
-    lap("runtime_load")
+    laps.lap("runtime_load")
     teacher_forced = getattr(candidate, "teacher_forced", True)
-    decoded_from = None
-    kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
-    if kv_cache_of(kv_algo) != "model":  # a quantized KV cache
-        decoded_from = DECODED_FROM if runtime == "reference" else None
-        notes.append(
-            f"the {kv_algo} KV cache's error shows where tokens are read back from the cache: in "
-            "generation and in the held-out perplexity, whose windows are decoded token by token "
-            f"after their first {DECODED_FROM}; not in the prompt set's teacher-forced figures, "
-            "since a prefill attends to its own K/V unquantized (docs/quantization.md)"
-        )
+    decoded_from = _kv_cache_decoding(config, runtime, notes)
     stop = end_ids(reference_dir, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop, default=0)
-    if candidate_tokenizer is not None:
-        texts = list(load_prompts()["text"])
-        finding = diagnose.tokenizer_finding(candidate_tokenizer, tokenizer, texts)
-        if finding:
-            findings.append(finding)
+    findings += _tokenizer_findings(candidate_tokenizer, tokenizer)
     metrics = compare(reference, candidate, tokenizer, stop, max_new_tokens=max_new_tokens,
                       device=device, candidate_tokenizer=candidate_tokenizer, pad_id=pad_id)  # fmt: skip
-    lap("prompts")
+    laps.lap("prompts")
     windows = corpus_windows(tokenizer, heldout_tokens) if teacher_forced else []
     ppl = perplexity(reference, candidate, windows, device=device, decoded_from=decoded_from)
-    lap("heldout")
+    laps.lap("heldout")
     failures = gate_failures(metrics, ppl, gate, teacher_forced=teacher_forced)
     findings += _runtime_findings(metrics, stop, bool(failures))
     failures += [f"{f.cause}: {f.evidence}" for f in findings if f.fatal]
@@ -465,13 +437,79 @@ def verify_checkpoint(
             "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"),
             "end_ids": sorted(stop),
             "pad_id": pad_id,
-            "seconds": round(time.perf_counter() - start, 2),
-            "seconds_by_part": phases,
+            "seconds": round(time.perf_counter() - laps.start, 2),
+            "seconds_by_part": laps.seconds,
             **metrics,
             "perplexity": ppl,
             "recipe": _recipe(checkpoint),
         }
     )
+
+
+def _check_runtime(
+    runtime: str, checkpoint: Path | None, open_runtime: RuntimeOpener | None
+) -> None:
+    if runtime not in RUNTIMES:
+        raise InputError(f"unknown runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if runtime == "reference" and checkpoint is None:
+        raise InputError("the checkpoint runtime runs a checkpoint: pass --checkpoint")
+    if runtime != "reference" and open_runtime is None:
+        raise InputError(f"--runtime {runtime} needs its engine or deployment opened first")
+
+
+def _load(
+    checkpoint: Path | None, reference_dir: Path, tokenizer_dir: Path | None, device: str,
+    runtime: str, laps: _Laps,
+) -> tuple[Any, Any, Any, dict[str, Any], dict[str, torch.Tensor]]:  # fmt: skip
+    """(tokenizer, the deployment's tokenizer or None, the transformers reference, the
+    checkpoint's config and tensors). The checkpoint is read (and moved to the device) on a
+    thread while transformers loads the reference: a rank file convert wrote around the page
+    cache comes from the disk (a 7B float16 one in 9-13 s on the H200 host), the reference
+    mostly from the cache."""
+    config: dict[str, Any] = {}
+    weights: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(1, thread_name_prefix="verify-read") as pool:
+        target = device if runtime == "reference" else "cpu"
+        reading = pool.submit(_read, checkpoint, target) if checkpoint is not None else None
+        tokenizer, candidate_tokenizer, reference = _models(reference_dir, tokenizer_dir, device)
+        laps.lap("reference_load")
+        if reading is not None:
+            config, weights = reading.result()
+            laps.lap("checkpoint_read")  # what was left of the read once the reference loaded
+    return tokenizer, candidate_tokenizer, reference, config, weights
+
+
+def _candidate(runtime: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
+               device: str, open_runtime: RuntimeOpener | None, tokenizer: Any) -> Any:  # fmt: skip
+    """The runtime under test: the checkpoint runtime, or the one `open_runtime` opens."""
+    if runtime == "reference":
+        return CheckpointRuntime(config, weights, device)
+    assert open_runtime is not None
+    return open_runtime(tokenizer)
+
+
+def _kv_cache_decoding(config: dict[str, Any], runtime: str, notes: list[str]) -> int | None:
+    """Where the held-out windows are decoded token by token through a quantized KV cache
+    (None: not decoded), with a note saying why."""
+    kv_algo = (config.get("quantization") or {}).get("kv_cache_quant_algo")
+    if kv_cache_of(kv_algo) == "model":
+        return None
+    notes.append(
+        f"the {kv_algo} KV cache's error shows where tokens are read back from the cache: in "
+        "generation and in the held-out perplexity, whose windows are decoded token by token "
+        f"after their first {DECODED_FROM}; not in the prompt set's teacher-forced figures, "
+        "since a prefill attends to its own K/V unquantized (docs/quantization.md)"
+    )
+    return DECODED_FROM if runtime == "reference" else None
+
+
+def _tokenizer_findings(candidate_tokenizer: Any, tokenizer: Any) -> list[Finding]:
+    """A deployment's tokenizer that splits the prompts otherwise than the model's."""
+    if candidate_tokenizer is None:
+        return []
+    texts = list(load_prompts()["text"])
+    finding = diagnose.tokenizer_finding(candidate_tokenizer, tokenizer, texts)
+    return [finding] if finding else []
 
 
 def record_summary(report: dict[str, Any]) -> dict[str, Any]:
