@@ -17,6 +17,7 @@ from trt_builder.checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from trt_builder.convert import floats
 from trt_builder.convert.clipping import CLIPPED_LINEARS, GRID
 from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.convert.kvcache import KVCacheScales
 from trt_builder.convert.plan import plan_conversion
 from trt_builder.convert.write import load_sources
 from trt_builder.runtimes.checkpoint import weight_only_int8
@@ -46,7 +47,8 @@ def _sources(hf: Path, mode: WeightOnlyInt8, calibration: Path) -> dict[str, tor
     clipping (after the INT8 KV cache's balance for `mode.kv_int8`), by TensorRT-LLM name."""
     family, config, rules, index, _ = plan_conversion(hf, mode)
     with index:
-        rewrite = floats._kv_cache(config, family, rules, calibration)[0] if mode.kv_int8 else {}
+        kv = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration)
+        rewrite = floats._kv_cache(kv, rules, v_channels=mode.weights is None)[0]
         out = {}
         for rule in rules:
             if rule.name.startswith("transformer.layers.") and rule.name.endswith(

@@ -11,6 +11,7 @@ from ..gates import Gate
 from .base import Mode, ModeOptions, WeightStorage
 from .kvcache import KV_CACHE_CHOICES, check_kv
 from .sixteen import check_16_bit
+from .sixteen import sixteen_bit as _sixteen
 
 #: e4m3 weights, two float32 scales per linear (its weight's and its input's)
 FP8_WEIGHTS = WeightStorage("fp8", Fraction(8), scale_bytes_per_linear=8)
@@ -54,7 +55,8 @@ class Fp8(Mode):
 
     @classmethod
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
-        return cls(dtype, kv_cache) if quant_algo == "FP8" else None
+        # a simulation's float32 checkpoint (the recipe search's) holds its mode too
+        return cls(_sixteen(dtype), kv_cache) if quant_algo == "FP8" else None
 
     @property
     def needs_calibration(self) -> bool:

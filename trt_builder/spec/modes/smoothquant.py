@@ -12,6 +12,7 @@ from ..gates import Gate
 from .base import Mode, ModeOptions, WeightStorage
 from .kvcache import KV_CACHE_CHOICES, check_kv
 from .sixteen import check_16_bit
+from .sixteen import sixteen_bit as _sixteen
 from .weight_only import INT8_WEIGHTS
 
 GRANULARITIES = ("per-token", "per-tensor")
@@ -85,7 +86,7 @@ class SmoothQuant(Mode):
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
         for per_token, algo in QUANT_ALGO.items():
             if quant_algo == algo:
-                return cls(None, per_token, kv_cache, dtype)
+                return cls(None, per_token, kv_cache, _sixteen(dtype))  # as fp8.py
         return None
 
     @property

@@ -11,6 +11,7 @@ from ..gates import Gate
 from .base import Mode, ModeOptions, WeightStorage
 from .kvcache import KV_CACHE_CHOICES, check_kv
 from .sixteen import check_16_bit
+from .sixteen import sixteen_bit as _sixteen
 
 INT8_WEIGHTS = WeightStorage("int8", Fraction(8), scale_bytes_per_row=4)  # a float32 per row
 
@@ -50,7 +51,8 @@ class WeightOnlyInt8(Mode):
 
     @classmethod
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
-        return cls(dtype, kv_cache) if quant_algo == "W8A16" else None
+        # a simulation's float32 checkpoint (the recipe search's) holds its mode too
+        return cls(_sixteen(dtype), kv_cache) if quant_algo == "W8A16" else None
 
     @property
     def needs_calibration(self) -> bool:
