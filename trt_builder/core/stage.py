@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,7 @@ class StageRecord:
         return dict(self.__dict__)
 
 
-class Stage:
+class Stage(ABC):
     """A step of the pipeline, and everything the pipeline asks of one (each stage is a
     subclass). `run` writes into `work`, which becomes `output_dir` whole."""
 
@@ -89,17 +90,21 @@ class Stage:
         """Whether a build runs it for this spec (`explicit`: it alone was asked for)."""
         return True
 
+    @abstractmethod
     def output_dir(self, ctx: BuildContext) -> Path:
-        raise NotImplementedError
+        """See the class."""
 
+    @abstractmethod
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        raise NotImplementedError
+        """See the class."""
 
+    @abstractmethod
     def params(self, ctx: BuildContext) -> dict[str, Any]:
-        raise NotImplementedError
+        """See the class."""
 
+    @abstractmethod
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
-        raise NotImplementedError
+        """See the class."""
 
     def place(self, ctx: BuildContext, work: Path, link: Path) -> None:
         """Publish the finished `work` at `link` (only where `publishes`)."""

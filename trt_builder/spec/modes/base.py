@@ -4,6 +4,7 @@ methods), or the registry (`__init__.py`); it never tests a mode's name or class
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -41,7 +42,7 @@ class WeightStorage:
         )
 
 
-class Mode(KVCache):
+class Mode(KVCache, ABC):
     """The base of every mode's frozen config (each a dataclass with `dtype` and `kv_cache`)."""
 
     #: The --dtype values this room answers, each with its words in --dtype's help.
@@ -58,21 +59,21 @@ class Mode(KVCache):
     dtype: str
 
     @classmethod
+    @abstractmethod
     def choose(cls, choice: str, kv_cache: str, options: ModeOptions) -> Mode:
         """The config of --dtype `choice` (one of CHOICES) with `kv_cache` and `options`."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def variants(cls) -> Iterator[Mode]:
         """Every config this room can make (each mode name once), for lookups by name."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
         """The mode of a checkpoint whose config says `quant_algo` and `dtype` (`kv_cache`:
         its KV cache's --kv-cache choice), when it holds this room's; else None. What the
         checkpoint does not record (a searched choice, an option) is the default."""
-        raise NotImplementedError
 
     @property
     def name(self) -> str:
@@ -80,17 +81,18 @@ class Mode(KVCache):
         return self.base_name + KV_SUFFIX[self.kv_cache]
 
     @property
+    @abstractmethod
     def base_name(self) -> str:
-        raise NotImplementedError
+        """The name without its KV cache's suffix."""
 
     @property
     def quant_algo(self) -> str | None:
         return None
 
     @property
+    @abstractmethod
     def gate_key(self) -> str:
         """Its DEFAULT_GATES key."""
-        raise NotImplementedError
 
     @property
     def needs_calibration(self) -> bool:
@@ -156,5 +158,6 @@ class Mode(KVCache):
         """Why `target` does not build this mode (its KV cache aside), or None."""
         return None
 
+    @abstractmethod
     def to_json(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The config as the stage keys record it (versioned)."""

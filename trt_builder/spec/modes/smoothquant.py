@@ -65,8 +65,7 @@ class SmoothQuant(Mode):
     dtype: str = "float16"
 
     def __post_init__(self) -> None:
-        if self.alpha is not None:
-            check_alpha(self.alpha)
+        check_alpha(self.alpha)
         check_16_bit("SmoothQuant", self.dtype)
         check_kv(self.kv_cache)
 
