@@ -98,7 +98,7 @@ def plain_copy(src: Path, dst: Path) -> float:
 # Linux carries over exec (the generator's tensors, here).
 CONVERT = (
     "import re, sys; from pathlib import Path; from trt_builder.convert.floats import convert_checkpoint; "
-    "from trt_builder.spec.modes import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
+    "from trt_builder.modes import FloatMode; out = Path(sys.argv[2]); out.mkdir(); "
     "convert_checkpoint(Path(sys.argv[1]), out, FloatMode('float16'), tp=int(sys.argv[3])); "
     "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
 )

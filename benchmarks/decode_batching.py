@@ -43,8 +43,8 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.modes import FloatMode
     from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
-    from trt_builder.spec.modes import FloatMode
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-decode-"))
     atexit.register(shutil.rmtree, work, True)

@@ -15,7 +15,7 @@ draws). Rows:
   row would measure a wrong RoPE, not FP8.
 - trt-builder `--dtype fp8 --no-fp8-search`: amax scales, weights rounded to nearest (what
   modelopt writes given the same amax).
-- trt-builder `--dtype fp8` (and `--kv-cache fp8`): the recipe stage's search (recipe/fp8.py),
+- trt-builder `--dtype fp8` (and `--kv-cache fp8`): the recipe stage's search (modes/fp8/recipe/search.py),
   then convert, as `build` runs them.
 Rows with the FP8 KV cache are scored token by token through the cache after a 32-token
 prefix (as verify decodes them); the others teacher-forced.
@@ -60,11 +60,11 @@ def main() -> None:
     from trt_builder.calibrate.corpus import load_texts, make_samples, sampled_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
-    from trt_builder.recipe.candidates import Fp8SearchSet
-    from trt_builder.recipe.fp8 import WEIGHTS, search_fp8
+    from trt_builder.modes import Fp8
+    from trt_builder.modes.fp8.recipe.search import WEIGHTS, search_fp8
+    from trt_builder.modes.fp8.spec import Fp8SearchSet
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.modes import Fp8
 
     torch.set_grad_enabled(False)
     work, hf, prose = held_out(args.hf, args.tokens, "trt-builder-fp8-")

@@ -34,9 +34,9 @@ def main() -> None:
     from tiny_models import make_tiny_llama, make_tokenizer
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
+    from trt_builder.modes import FloatMode, Fp8
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.modes import FloatMode, Fp8
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -90,14 +90,14 @@ def default_model(gguf: Path) -> None:
     from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
-    from trt_builder.recipe.candidates import Fp8SearchSet
-    from trt_builder.recipe.fp8 import WEIGHTS, search_fp8
+    from trt_builder.modes import Fp8, gate_for
+    from trt_builder.modes.fp8.recipe.search import WEIGHTS, search_fp8
+    from trt_builder.modes.fp8.spec import Fp8SearchSet
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.runtimes.fp8 import fp8_kernel_runs as real_runs
     from trt_builder.source.fetch import fetch_gguf
     from trt_builder.source.hf import load_tokenizer
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.modes import Fp8, gate_for
     from trt_builder.verify.compare import verify_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="fp8-gpu-") as tmp:

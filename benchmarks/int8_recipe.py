@@ -34,12 +34,12 @@ def main() -> None:
 
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.floats import convert_checkpoint
-    from trt_builder.convert.smoothquant import convert_smoothquant
-    from trt_builder.recipe.candidates import SearchSet
-    from trt_builder.recipe.search import search
+    from trt_builder.modes import SmoothQuant, WeightOnlyInt8
+    from trt_builder.modes.smoothquant.convert import convert_smoothquant
+    from trt_builder.modes.smoothquant.recipe.search import search
+    from trt_builder.modes.smoothquant.spec import SearchSet
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.modes import SmoothQuant, WeightOnlyInt8
 
     work, hf, ids = held_out(args.hf, args.tokens, "trt-builder-int8-")
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()

@@ -47,12 +47,12 @@ def main() -> None:
 
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert import floats
-    from trt_builder.convert.clipping import CLIPPED_LINEARS
     from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.modes import FloatMode, QuantMode, WeightOnlyInt8
+    from trt_builder.modes.weight_only.convert import CLIPPED_LINEARS
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.runtimes.scoring import kl
     from trt_builder.spec.build import CalibrationOptions
-    from trt_builder.spec.modes import FloatMode, QuantMode, WeightOnlyInt8
 
     work, hf, ids = held_out(args.hf, args.tokens, "trt-builder-int8-wo-")
 

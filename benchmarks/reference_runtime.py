@@ -85,8 +85,8 @@ def main() -> None:
 
     from trt_builder.calibrate.corpus import corpus_windows
     from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.modes import FloatMode
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
-    from trt_builder.spec.modes import FloatMode
 
     work = Path(tempfile.mkdtemp(prefix="trt-builder-rt-"))
     atexit.register(shutil.rmtree, work, True)  # GBs of checkpoints: never left behind

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from trt_builder.core import codegraph
-from trt_builder.core.codegraph import LAYERS, Graph, code_digest, graph, layer, parsed_graph
+from trt_builder.core.codegraph import (
+    LAYERS,
+    ROOM_FOLDERS,
+    Graph,
+    code_digest,
+    graph,
+    layer,
+    parsed_graph,
+)
 
 PACKAGE = codegraph.PACKAGE
 STAGE_MODULES = {
@@ -66,7 +74,41 @@ def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path: 
 
 def test_every_sub_package_has_its_place_in_the_declared_order() -> None:
     on_disk = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
-    assert sorted(LAYERS) == on_disk
+    assert sorted([*LAYERS, *ROOM_FOLDERS]) == on_disk
+
+
+def test_every_module_of_a_room_is_named_after_its_layer() -> None:
+    """A room (core/rooms.py) holds modules named after layers (its spec.py, convert.py,
+    recipe/, ...), and an empty __init__: its layer is what its name says."""
+    rooms = [room for folder in ROOM_FOLDERS for room in (PACKAGE / folder).iterdir()
+             if (room / "__init__.py").is_file()]  # fmt: skip
+    assert {room.parent.name for room in rooms} == set(ROOM_FOLDERS)
+    for room in rooms:
+        named = {
+            p.stem for p in room.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+        }
+        assert named - {"__init__"} <= set(LAYERS), room
+        assert "spec" in named, room  # what it is: its frozen config
+        assert (room / "__init__.py").read_text().strip() == "", room
+
+
+def test_a_room_at_its_layer_is_what_load_rooms_imports() -> None:
+    """The convert stage's key covers every room's converter, the recipe's every search, and
+    convert's does not cover a search (editing a search does not reconvert)."""
+    g = parsed_graph()
+    convert = set(g.closure(STAGE_MODULES["convert"]))
+    recipe = set(g.closure(STAGE_MODULES["recipe"]))
+    assert {
+        "trt_builder.modes.fp8.convert",
+        "trt_builder.modes.smoothquant.convert",
+        "trt_builder.modes.floats.convert",
+        "trt_builder.modes.weight_only.convert",
+    } <= convert
+    assert {
+        "trt_builder.modes.fp8.recipe.search",
+        "trt_builder.modes.smoothquant.recipe.search",
+    } <= recipe
+    assert not {m for m in convert if ".recipe." in m and m.startswith("trt_builder.modes.")}
 
 
 def test_no_sub_package_imports_one_above_it() -> None:
@@ -87,13 +129,15 @@ def test_the_order_check_sees_an_upward_import(tmp_path: Path) -> None:
 
 def test_modules_loaded_by_name_are_edges_of_the_module_that_loads_them() -> None:
     """The registry imports its family modules by name: they count as its imports (so the
-    convert stage's key covers every family), and nothing else loads modules by name."""
+    convert stage's key covers every family); the rooms' parts are loaded by name by
+    core/rooms.py (their edges: test_a_room_at_its_layer_is_what_load_rooms_imports), and nothing
+    else loads modules by name."""
     g = parsed_graph()
     families = {"trt_builder.models.llama", "trt_builder.models.qwen", "trt_builder.models.gpt2"}
     assert families <= set(g.targets("trt_builder.models.registry"))
     assert families <= set(g.closure(STAGE_MODULES["convert"]))
     dynamic = sorted(n for n, p in g.paths.items() if "import_module(" in p.read_text())
-    assert dynamic == ["trt_builder.models.registry"]
+    assert dynamic == ["trt_builder.core.rooms", "trt_builder.models.registry"]
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -110,8 +154,8 @@ def _digests(root: Path) -> dict[str, str]:
         ("runtimes/scoring.py", {"verify"}),
         # editing the converter does not rerun the search, nor editing the search the converter
         # (convert reruns when the recipe it reads comes out different)
-        ("convert/smoothquant.py", {"convert"}),
-        ("recipe/search.py", {"recipe"}),
+        ("modes/smoothquant/convert.py", {"convert"}),
+        ("modes/smoothquant/recipe/search.py", {"recipe"}),
         # the bundled corpus: calibration, the recipe's search split, verify's held-out text
         ("calibrate/data/search.jsonl", {"calibrate", "recipe", "convert", "verify"}),
         # a family module, loaded by the registry by name; the memory plan reads families too
@@ -190,22 +234,14 @@ def test_the_memo_of_parsed_imports_is_the_parse(tmp_path: Path) -> None:
         codegraph.graph.cache_clear()
 
 
-#: Files that still read quantization formats by their quant_algo strings: the checkpoint
-#: format contracts (what TensorRT-LLM's and vLLM's loaders read per release, the unified
-#: checkpoint's config) and modelopt's config translation; they move into the modes' rooms
-#: next (issue 40). The list only shrinks.
-NOT_YET_ROOMED = {"checkpoint/conformance.py", "checkpoint/loaders.py", "checkpoint/unified.py",
-                  "spec/gates.py"}  # fmt: skip
-
-
 def mode_decisions(pkg: Path) -> list[str]:
-    """What decides a mode outside its room (spec/modes/): an isinstance on a mode class, a
+    """What decides a mode outside its room (modes/): an isinstance on a mode class, a
     startswith on a mode's name, or a quant_algo (or kv_cache_quant_algo) string, as
     'file:line what'."""
     import ast
 
-    from trt_builder.spec.modes import KV_CACHE_CHOICES, ROOMS
-    from trt_builder.spec.modes.kvcache import KV_QUANT_ALGO
+    from trt_builder.modes import KV_CACHE_CHOICES, ROOMS
+    from trt_builder.modes.kvcache.spec import KV_QUANT_ALGO
 
     classes = {room.__name__ for room in ROOMS}
     algos = {m.quant_algo for room in ROOMS for m in room.variants()} | set(KV_QUANT_ALGO.values())
@@ -214,7 +250,7 @@ def mode_decisions(pkg: Path) -> list[str]:
     found = []
     for path in sorted(pkg.rglob("*.py")):
         where = path.relative_to(pkg).as_posix()
-        if where.startswith("spec/modes/") or where in NOT_YET_ROOMED:
+        if where.startswith("modes/"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             said = None
@@ -240,10 +276,9 @@ def mode_decisions(pkg: Path) -> list[str]:
 
 
 def test_no_mode_is_decided_outside_its_room() -> None:
-    """Every mode decides in its room (spec/modes/): elsewhere the code asks the mode (its
+    """Every mode decides in its room (modes/<mode>/): elsewhere the code asks the mode (its
     methods, or a registry keyed by its config's type), never its name, class or quant_algo."""
     assert mode_decisions(PACKAGE) == []
-    assert all((PACKAGE / name).is_file() for name in NOT_YET_ROOMED)  # a stale entry fails
 
 
 def test_the_room_check_sees_each_way_of_deciding_a_mode_elsewhere(tmp_path: Path) -> None:
@@ -252,11 +287,60 @@ def test_the_room_check_sees_each_way_of_deciding_a_mode_elsewhere(tmp_path: Pat
                        "    return q['quant_algo'] == 'W8A16'\n",
         "verify/b.py": "def g(mode, algo):\n    return mode.name.startswith('int8') or "
                        "algo.startswith('W8A8_SQ_')\n",
-        "spec/modes/c.py": "X = isinstance(1, Fp8) and 'FP8'\n",  # in a room: its own business
+        "modes/c.py": "X = isinstance(1, Fp8) and 'FP8'\n",  # in a room: its own business
     })  # fmt: skip
     assert mode_decisions(pkg) == [
         "engine/a.py:2 isinstance on Fp8",
         "engine/a.py:4 quant_algo string 'W8A16'",
         "verify/b.py:2 mode name prefix 'int8'",
         "verify/b.py:2 quant_algo string 'W8A8_SQ_'",
+    ]
+
+
+def target_decisions(pkg: Path) -> list[str]:
+    """What decides a target outside its room (targets/<target>/): a comparison of something
+    named like a target with a target's name, or a name `is_<target>`, as 'file:line what'."""
+    import ast
+
+    from trt_builder.targets import TARGETS
+
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        where = path.relative_to(pkg).as_posix()
+        if where.startswith("targets/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            said = None
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                named = {s.value for s in sides if isinstance(s, ast.Constant)} & set(TARGETS)
+                targets = [s for s in sides if "target" in (getattr(s, "id", None)
+                           or getattr(s, "attr", None) or "")]  # fmt: skip
+                if named and targets:
+                    said = f"target == {sorted(named)[0]!r}"
+            elif isinstance(node, (ast.Name, ast.Attribute, ast.FunctionDef)):
+                name = getattr(node, "id", None) or getattr(node, "attr", None) or node.name
+                if name in {f"is_{t}" for t in TARGETS}:
+                    said = f"name {name}"
+            if said:
+                found.append(f"{where}:{getattr(node, 'lineno', 0)} {said}")
+    return sorted(set(found))
+
+
+def test_no_target_is_decided_outside_its_room() -> None:
+    """Every target decides in its room (targets/<target>/): the stages ask the target object
+    (BuildSpec.build_target) or a registry keyed by its type, never its name."""
+    assert target_decisions(PACKAGE) == []
+
+
+def test_the_target_check_sees_a_branch_on_a_target_name(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, {
+        "convert/a.py": "def f(ctx):\n    if ctx.spec.target == 'llmapi':\n        return 1\n",
+        "triton/b.py": "def is_llmapi(configs):\n    return target != 'engine'\n",
+        "targets/llmapi/c.py": "X = target == 'llmapi'\n",  # in its room: its own business
+    })  # fmt: skip
+    assert target_decisions(pkg) == [
+        "convert/a.py:2 target == 'llmapi'",
+        "triton/b.py:1 name is_llmapi",
+        "triton/b.py:2 target == 'engine'",
     ]

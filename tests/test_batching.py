@@ -11,9 +11,9 @@ import torch
 
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import InputError
+from trt_builder.modes import FloatMode, Fp8, SmoothQuant
 from trt_builder.runtimes.batching import InflightBatcher, Request, Sampling, generate, sample
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
-from trt_builder.spec.modes import FloatMode, Fp8, SmoothQuant
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from conftest import edit_json
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.digests import sha256_file
 from trt_builder.core.errors import ConversionError, UnsupportedModelError
-from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
+from trt_builder.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from conftest import build_default, compare_with_modelopt_config
 from trt_builder.checkpoint.mapping import Mapping
 from trt_builder.checkpoint.parallel import merge
 from trt_builder.convert.floats import convert_checkpoint
-from trt_builder.spec.modes import FloatMode
+from trt_builder.modes import FloatMode
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trt_builder.convert.clipping import GRID, clamp_rows
 from trt_builder.models.family import TensorRule
+from trt_builder.modes.weight_only.convert import GRID, clamp_rows
 from trt_builder.verify.diagnose import (
     Clipping,
     check_config,

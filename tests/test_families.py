@@ -16,8 +16,8 @@ from trt_builder.checkpoint.mapping import Mapping
 from trt_builder.checkpoint.parallel import merge
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import SpecError
+from trt_builder.modes import FloatMode, WeightOnlyInt8
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
-from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.checkpoint.conformance import CONTRACTS, check_fp8
 from trt_builder.convert.model import convert_model
+from trt_builder.modes import FloatMode, Fp8, QuantMode, SmoothQuant, WeightOnlyInt8
+from trt_builder.modes.fp8.checkpoint import CONTRACTS, check_fp8
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.fp8 import fp8_matmul
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import FloatMode, Fp8, QuantMode, SmoothQuant, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21]])

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from trt_builder.checkpoint.fp8 import E4M3, to_e4m3, weight_scale
 from trt_builder.core.errors import ConversionError
-from trt_builder.recipe.fp8 import SIMPLEST_FIRST
-from trt_builder.recipe.rounding import compensated_e4m3
+from trt_builder.modes.fp8.recipe.rounding import compensated_e4m3
+from trt_builder.modes.fp8.recipe.search import SIMPLEST_FIRST
 
 E4M3_BYTES = torch.uint8
 
@@ -147,8 +147,8 @@ def test_the_simulation_is_converting_and_running(
     from trt_builder.checkpoint.safetensors_io import SafetensorsIndex
     from trt_builder.checkpoint.weights import weight_files
     from trt_builder.convert.model import convert_model
-    from trt_builder.recipe.candidates import Fp8SearchSet
-    from trt_builder.recipe.fp8 import (
+    from trt_builder.modes import Fp8
+    from trt_builder.modes.fp8.recipe.search import (
         COMPENSATED,
         WEIGHTS,
         Fp8Simulation,
@@ -156,10 +156,10 @@ def test_the_simulation_is_converting_and_running(
         fp8_groups,  # fmt: skip
         round_groups,
     )
+    from trt_builder.modes.fp8.spec import Fp8SearchSet
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.runtimes.scoring import kl
     from trt_builder.source.files import read_hf_config
-    from trt_builder.spec.modes import Fp8
 
     records = _records(fp8_build, "fp8")
     calibration = Path(records["calibrate"].output)
@@ -204,7 +204,7 @@ def test_convert_refuses_a_missing_or_foreign_recipe(
     """A searched FP8 mode without its recipe, and a recipe rounded at another scale than these
     weights give (made from other weights), are conversion errors that say what to run."""
     from trt_builder.convert.model import convert_model
-    from trt_builder.spec.modes import Fp8
+    from trt_builder.modes import Fp8
 
     records = _records(fp8_build, "fp8")
     calibration = Path(records["calibrate"].output)

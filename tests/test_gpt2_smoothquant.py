@@ -16,14 +16,14 @@ from safetensors.torch import load_file, save_file
 from tiny_models import make_tiny
 from trt_builder.calibrate.stats import calibrate, load_model, load_stats
 from trt_builder.checkpoint.reader import read_checkpoint
-from trt_builder.convert.smoothquant import convert_smoothquant
 from trt_builder.models.registry import family_for
-from trt_builder.recipe.simulate import Simulation, gemm_groups
+from trt_builder.modes import SmoothQuant
+from trt_builder.modes.smoothquant.convert import convert_smoothquant
+from trt_builder.modes.smoothquant.recipe.simulate import Simulation, gemm_groups
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.scoring import kl
 from trt_builder.source.files import read_hf_config
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import SmoothQuant
 
 pytestmark = pytest.mark.integration
 IDS = torch.randint(0, 384, (4, 64), generator=torch.Generator().manual_seed(1))

@@ -1,4 +1,4 @@
-"""INT8 weight-only clipping (trt_builder/convert/clipping.py): every written row is what the
+"""INT8 weight-only clipping (trt_builder/modes/weight_only/convert.py): every written row is what the
 builder then quantizes on the evaluated grid, never worse than plain rounding on the calibrated
 output error, composed after the INT8 KV cache's balance; int8-wo builds calibrate."""
 
@@ -13,16 +13,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trt_builder.calibrate.corpus import load_texts, make_samples
 from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
-from trt_builder.checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from trt_builder.convert import floats
-from trt_builder.convert.clipping import CLIPPED_LINEARS, GRID
 from trt_builder.convert.floats import convert_checkpoint
-from trt_builder.convert.kvcache import KVCacheScales
 from trt_builder.convert.plan import plan_conversion
 from trt_builder.convert.write import load_sources
+from trt_builder.modes import WeightOnlyInt8
+from trt_builder.modes.kvcache.convert import KVCacheScales
+from trt_builder.modes.weight_only.checkpoint import WEIGHT_ONLY_LINEARS
+from trt_builder.modes.weight_only.convert import CLIPPED_LINEARS, GRID
 from trt_builder.runtimes.checkpoint import weight_only_int8
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 CAL = CalibrationOptions(samples=8, seq_len=64)

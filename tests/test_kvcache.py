@@ -1,5 +1,5 @@
 """The INT8 KV cache on float and weight-only checkpoints, and its K/V balancing
-(trt_builder/convert/kvcache.py): exact in float, replicated across ranks, better than one plain scale."""
+(trt_builder/modes/kvcache/convert.py): exact in float, replicated across ranks, better than one plain scale."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 
 from tiny_models import make_tiny
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.convert import kvcache
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.core.errors import ConversionError
+from trt_builder.modes import FloatMode, WeightOnlyInt8
+from trt_builder.modes.kvcache import convert as kvcache
 from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21, 8, 90, 33, 2]])

@@ -1,5 +1,5 @@
 """--target llmapi: the Hugging Face checkpoint TensorRT-LLM's PyTorch backend and vLLM load
-(checkpoint/unified.py, checkpoint/loaders.py), the same numbers as the engine target's
+(targets/llmapi/checkpoint/unified.py, targets/llmapi/checkpoint/loaders.py), the same numbers as the engine target's
 checkpoint, modelopt 0.47's export_hf_checkpoint given the same amax, and the llmapi Triton
 repository served by the real tritonserver (the reference backend behind the template's
 contract). The refusals, with nothing written."""
@@ -20,12 +20,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.checkpoint.loaders import CONTRACTS, check_unified
 from trt_builder.checkpoint.reader import read_checkpoint
-from trt_builder.convert.llmapi import convert_llmapi
 from trt_builder.convert.model import convert_model
+from trt_builder.modes import FloatMode, Fp8, QuantMode
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import FloatMode, Fp8, QuantMode
+from trt_builder.targets.llmapi.checkpoint.loaders import CONTRACTS, check_unified
+from trt_builder.targets.llmapi.convert import convert_llmapi
 
 pytestmark = pytest.mark.integration
 E4M3 = torch.float8_e4m3fn
@@ -284,8 +284,8 @@ def test_int8_wo_is_what_the_pytorch_backend_reads_and_what_the_runtime_runs(
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
+    from trt_builder.modes import WeightOnlyInt8
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
-    from trt_builder.spec.modes import WeightOnlyInt8
 
     out = tmp_path / "ours"
     out.mkdir()
@@ -534,8 +534,12 @@ def test_a_repository_for_tensorrt_llms_own_model_links_the_containers_template(
     from trt_builder.cli.main import main
     from trt_builder.pipeline import run
     from trt_builder.spec.build import make_spec
-    from trt_builder.triton.llmapi import LLMAPI_IN, TEMPLATE, validate_llmapi
-    from trt_builder.triton.package import llmapi_backend
+    from trt_builder.targets.llmapi.triton import (
+        LLMAPI_IN,
+        TEMPLATE,
+        llmapi_backend,
+        validate_llmapi,
+    )
 
     build = served["build"]
     spec = make_spec(model=build.spec.model, target="llmapi", dtype="fp8", kv_cache="fp8",
@@ -565,3 +569,30 @@ def test_a_repository_for_tensorrt_llms_own_model_links_the_containers_template(
     (fake / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(fake.parent))
     assert llmapi_backend("auto") == "tensorrtllm" and llmapi_backend("reference") == "reference"
+
+
+def test_a_new_version_of_an_llmapi_repository_is_reloaded(served: dict[str, Any]) -> None:
+    """`package` publishes version 2 of the served llmapi repository; Server.reload (what serve
+    does when the link moves) loads the llmapi model alone at version 2 (it once asked Triton
+    for the engine target's four models, which an llmapi repository does not have, and
+    failed), and it answers as before. Last in this module: the plain server is at version 2
+    after it."""
+    import urllib.request
+    from dataclasses import replace
+
+    from trt_builder.pipeline import run
+    from trt_builder.triton.client import Request, generate
+
+    server, build = served["plain"], served["build"]
+    want = generate(server.http_url, Request(prompt=TEXTS[0], max_tokens=12))
+    spec = replace(
+        build.spec, triton=replace(build.spec.triton, kv_cache_free_gpu_mem_fraction=0.8)
+    )
+    assert {r.name: r.status for r in run(spec).records}["package"] == "ran"
+    assert server.reload() == 2
+    index = urllib.request.Request(f"{server.http_url}/v2/repository/index", data=b"{}")
+    with urllib.request.urlopen(index) as answer:
+        ready = {(m["name"], m["version"]) for m in json.loads(answer.read())
+                 if m.get("state") == "READY"}  # fmt: skip
+    assert ready == {("tensorrt_llm", "2")}
+    assert generate(server.http_url, Request(prompt=TEXTS[0], max_tokens=12)) == want

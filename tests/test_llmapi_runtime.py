@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 from trt_builder.core.errors import EngineError, InputError
-from trt_builder.engine.llmapi_runtime import KV_CACHE_FRACTION, LlmApiRuntime
 from trt_builder.pipeline.standalone import open_runtime
+from trt_builder.targets.llmapi.engine import KV_CACHE_FRACTION, LlmApiRuntime
 
 # -- the stand-in ------------------------------------------------------------------------------
 
@@ -321,8 +321,8 @@ def test_a_directory_that_is_not_an_llmapi_checkpoint_is_refused_first(
 @pytest.fixture(scope="module")
 def llmapi_checkpoint(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama's float16 llmapi checkpoint, as convert writes it."""
-    from trt_builder.convert.llmapi import convert_llmapi
-    from trt_builder.spec.modes import FloatMode
+    from trt_builder.modes import FloatMode
+    from trt_builder.targets.llmapi.convert import convert_llmapi
 
     out = tmp_path_factory.mktemp("llmapi") / "checkpoint"
     out.mkdir()
@@ -371,8 +371,8 @@ def test_the_cli_asks_for_the_checkpoint(
 def test_verify_the_llmapi_checkpoint_in_tensorrt_llm(smollm2_hf: Path, tmp_path: Path) -> None:
     """On a GPU host with TensorRT-LLM >= 1.0: SmolLM2's float16 llmapi checkpoint through its
     LLM() (PyTorch backend) against transformers, under the float16 gate, teacher-forced."""
-    from trt_builder.convert.llmapi import convert_llmapi
-    from trt_builder.spec.modes import FloatMode, gate_for
+    from trt_builder.modes import FloatMode, gate_for
+    from trt_builder.targets.llmapi.convert import convert_llmapi
     from trt_builder.verify.compare import verify_checkpoint
 
     ck = tmp_path / "checkpoint"

@@ -22,12 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.checkpoint.loaders import CONTRACTS, check_unified
 from trt_builder.checkpoint.reader import read_checkpoint
-from trt_builder.convert.llmapi import convert_llmapi
 from trt_builder.convert.model import convert_model
+from trt_builder.modes import FloatMode, Fp8, QuantMode
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import FloatMode, Fp8, QuantMode
+from trt_builder.targets.llmapi.checkpoint.loaders import CONTRACTS, check_unified
+from trt_builder.targets.llmapi.convert import convert_llmapi
 
 pytestmark = pytest.mark.integration
 E4M3 = torch.float8_e4m3fn
@@ -287,7 +287,7 @@ def test_the_build_declares_image_url_and_validates(served: dict[str, Any], tmp_
     import yaml
 
     from trt_builder.core.errors import PackageError
-    from trt_builder.triton.llmapi import LLMAPI_IN, MODEL, validate_llmapi
+    from trt_builder.targets.llmapi.triton import LLMAPI_IN, MODEL, validate_llmapi
 
     build = served["build"]
     stages = {r.name: r.status for r in build.records}

@@ -10,8 +10,8 @@ import pytest
 
 from trt_builder.core.errors import SpecError
 from trt_builder.engine.memplan import GIB, Limits, MemoryPlan, plan, proposed_batch, resolve_limits
+from trt_builder.modes import Fp8, SmoothQuant
 from trt_builder.spec.build import make_spec
-from trt_builder.spec.modes import Fp8, SmoothQuant
 
 LLAMA2_7B = {
     "architecture": "LlamaForCausalLM", "hidden_size": 4096, "intermediate_size": 11008,

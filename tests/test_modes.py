@@ -20,7 +20,7 @@ from mode_matrix import MATRIX
 
 from trt_builder.cli.main import cli
 from trt_builder.engine.build import find_toolchain
-from trt_builder.spec.modes import KV_PPL_POINTS, checkpoint_mode, gate_for
+from trt_builder.modes import KV_PPL_POINTS, checkpoint_mode, gate_for
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def test_every_mode_builds_through_verify_and_package(
     kv = config["quantization"]["kv_cache_quant_algo"]
     assert (kv == "INT8") == ("-kv8" in variant) and (kv == "FP8") == ("-fp8kv" in variant)
     assert (report["perplexity"].get("decoded_from") is not None) == (kv is not None)
-    if variant.startswith("fp8"):  # what trtllm-build's FP8 loader reads (convert/fp8.py)
+    if variant.startswith("fp8"):  # what trtllm-build's FP8 loader reads (modes/fp8/convert.py)
         assert config["quantization"]["quant_algo"] == "FP8"
         assert config["quantization"]["exclude_modules"] == [
             "lm_head",

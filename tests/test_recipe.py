@@ -11,14 +11,14 @@ import torch
 
 from trt_builder.calibrate import stats as stats_module
 from trt_builder.calibrate.stats import calibrate, load_model, load_stats
-from trt_builder.convert.smoothquant import convert_smoothquant
 from trt_builder.models.registry import family_for
-from trt_builder.recipe.simulate import Simulation, gemm_groups
+from trt_builder.modes import SmoothQuant
+from trt_builder.modes.smoothquant.convert import convert_smoothquant
+from trt_builder.modes.smoothquant.recipe.simulate import Simulation, gemm_groups
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.scoring import kl
 from trt_builder.source.files import read_hf_config
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import SmoothQuant
 
 pytestmark = pytest.mark.integration
 

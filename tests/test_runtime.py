@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from tiny_models import FAMILIES, make_tiny
 from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.modes import FloatMode, WeightOnlyInt8
 from trt_builder.runtimes.checkpoint import CheckpointRuntime, KVCache
-from trt_builder.spec.modes import FloatMode, WeightOnlyInt8
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def test_cuda_runtime_agrees_with_cpu_and_passes_verify(
 ) -> None:
     """float32, so that CPU and GPU must agree closely (float16 gates on random tiny models
     would measure near-ties in their logits, not the device)."""
-    from trt_builder.spec.modes import DEFAULT_GATES
+    from trt_builder.modes import DEFAULT_GATES
     from trt_builder.verify.compare import verify_checkpoint
 
     make_tiny(family, tmp_path / "m", tokenizer_dir)

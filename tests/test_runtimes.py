@@ -13,9 +13,9 @@ import pytest
 
 from trt_builder.core.errors import EngineError, InputError
 from trt_builder.engine.runtime import EngineRuntime
+from trt_builder.modes import gate_for
 from trt_builder.pipeline.standalone import open_runtime
 from trt_builder.runtimes.generation import primary_end_id, trim
-from trt_builder.spec.modes import gate_for
 from trt_builder.triton.repository import TRTLLM_IN
 from trt_builder.triton.runtime import TritonRuntime
 from trt_builder.verify.compare import verify_checkpoint
@@ -76,7 +76,7 @@ def test_verify_a_real_engine(smollm2_hf: Path, tmp_path: Path) -> None:
     import subprocess
 
     from trt_builder.convert.floats import convert_checkpoint
-    from trt_builder.spec.modes import FloatMode
+    from trt_builder.modes import FloatMode
 
     ck, engine = tmp_path / "ck", tmp_path / "engine"
     ck.mkdir()
@@ -101,8 +101,8 @@ def test_verify_compares_a_greedy_only_runtime_on_generation(
     behind EngineRuntime's interface, without teacher-forced logits (an engine built without
     --gather_context_logits). Verify then gates on greedy agreement alone."""
     from trt_builder.convert.floats import convert_checkpoint
+    from trt_builder.modes import FloatMode
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
-    from trt_builder.spec.modes import FloatMode
 
     ck = tmp_path / "ck"
     ck.mkdir()

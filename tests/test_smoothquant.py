@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 
 from tiny_models import make_tiny
 from trt_builder.calibrate.stats import calibrate, load_stats
-from trt_builder.convert.smoothquant import convert_smoothquant
 from trt_builder.core.errors import ConversionError, SpecError
+from trt_builder.modes import SmoothQuant
+from trt_builder.modes.smoothquant.convert import convert_smoothquant
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.int8 import int8_matmul
 from trt_builder.spec.build import CalibrationOptions
-from trt_builder.spec.modes import SmoothQuant
 
 pytestmark = pytest.mark.integration
 IDS = torch.tensor([5, 17, 42, 99, 7, 250, 3, 64, 128, 11, 300, 21])
@@ -126,7 +126,7 @@ def test_static_scales_and_the_int8_kv_cache(
                  "mlp.quantization_scaling_factor", "attention.kv_cache_scaling_factor"):  # fmt: skip
         assert w[p + name].dtype == torch.float32 and float(w[p + name].reshape(-1)[0]) > 0
     stats = load_stats(calibrated)
-    # balanced K and V span the larger of their calibrated ranges (trt_builder/convert/kvcache.py)
+    # balanced K and V span the larger of their calibrated ranges (trt_builder/modes/kvcache/convert.py)
     kv = max(float(stats[f"model.layers.0.self_attn.{x}_proj.output_absmax"].max()) for x in "kv")
     assert float(w[p + "attention.kv_cache_scaling_factor"]) == pytest.approx(kv / 127)
 
@@ -200,8 +200,8 @@ def test_refusals(tiny_llama: Path, calibrated: Path, tmp_path: Path, tokenizer_
 def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trt_builder.recipe.candidates import GRID
-    from trt_builder.recipe.search import fit_per_layer
+    from trt_builder.modes.smoothquant.recipe.search import fit_per_layer
+    from trt_builder.modes.smoothquant.spec import GRID
 
     same = {i: {g: 0.6 for g in ("qkv", "dense", "fc", "proj")} for i in range(2)}
     a = load_file(
@@ -223,7 +223,7 @@ def test_alphas_per_layer_and_group(tiny_llama: Path, calibrated: Path, tmp_path
         "mlp.fc.per_channel_scale", "mlp.gate.per_channel_scale"}  # fmt: skip
 
     from trt_builder.models.registry import family_for
-    from trt_builder.recipe.simulate import Simulation, gemm_groups
+    from trt_builder.modes.smoothquant.recipe.simulate import Simulation, gemm_groups
     from trt_builder.source.files import read_hf_config
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from trt_builder.core.errors import SpecError
+from trt_builder.modes import FloatMode, Fp8, SmoothQuant, WeightOnlyInt8, mode_for
 from trt_builder.spec.build import BuildLimits, BuildSpec, Int8Options, load_toml, make_spec
-from trt_builder.spec.modes import FloatMode, Fp8, SmoothQuant, WeightOnlyInt8, mode_for
 
 
 def test_defaults_and_variant() -> None:
@@ -168,7 +168,7 @@ def test_every_default_gate_is_the_one_docs_verify_md_documents() -> None:
     gate: a gate loosened (or tightened) in code without its documented figure fails here."""
     import re
 
-    from trt_builder.spec.modes import DEFAULT_GATES
+    from trt_builder.modes import DEFAULT_GATES
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "verify.md").read_text()
     documented = {}

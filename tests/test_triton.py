@@ -11,11 +11,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trt_builder.core.errors import PackageError
-from trt_builder.triton.repository import (
-    RepositoryOptions,
-    validate_repository,
-    write_repository,
-)
+from trt_builder.triton.repositories import validate_repository
+from trt_builder.triton.repository import RepositoryOptions, write_repository
 
 OPTS = RepositoryOptions(
     max_batch_size=4,

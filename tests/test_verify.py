@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from trt_builder.checkpoint.reader import read_checkpoint
 from trt_builder.convert.floats import convert_checkpoint
-from trt_builder.spec.modes import FloatMode, WeightOnlyInt8, gate_for
+from trt_builder.modes import FloatMode, WeightOnlyInt8, gate_for
 from trt_builder.verify.compare import verify_checkpoint
 from trt_builder.verify.diagnose import check_static
 

@@ -22,8 +22,7 @@ from ..core.errors import InputError, PackageError, TritonError
 from ..core.fsio import write_json, write_text
 from ..triton import server as triton_server
 from ..triton.client import connect, stream_model
-from ..triton.llmapi import CHECKPOINT, latest_version
-from ..triton.repository import is_llmapi, validate_repository
+from ..triton.repositories import read_repository
 from .cumulative import recount, token_counter
 from .figures import summarize
 from .loadgen import POINT_TIMEOUT_S, command, find_aiperf, run_point
@@ -109,18 +108,14 @@ def deployment(target: str, model: str, log: Path) -> Iterator[tuple[str, Path |
     repository = Path(target)
     if not repository.exists():
         raise InputError(f"{target} is neither a URL nor a repository: give --url or a directory")
-    configs = validate_repository(repository)
+    kind, configs = read_repository(repository)
     config = configs.get("tensorrt_llm")
     if config is None or not config.model_transaction_policy.decoupled:
         raise PackageError(
             f"{repository}: tensorrt_llm is not decoupled, so generate_stream cannot stream "
             "tokens: package with [triton] streaming = true (trt-builder package --config)"
         )
-    latest = latest_version(repository) if is_llmapi(configs) else None
-    if latest is not None:  # the llmapi checkpoint holds its tokenizer
-        tokenizer = latest / CHECKPOINT
-    else:
-        tokenizer = repository / "preprocessing" / "tokenizer"
+    tokenizer = kind.tokenizer(repository)
     ports = dict(zip(("http_port", "grpc_port", "metrics_port"), _free_ports(3), strict=True))
     log.parent.mkdir(parents=True, exist_ok=True)
     with triton_server.start(repository, log=log, **ports) as server:

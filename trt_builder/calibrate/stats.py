@@ -3,7 +3,7 @@
 For every linear layer of the decoder: the absolute maximum of its input per input channel (what
 SmoothQuant's smoother and static activation scales need), the mean square of its input per
 input channel over every token (INT8 weight-only clipping weighs each weight column's error by
-it, trt_builder/convert/clipping.py), and the absolute maximum of its output per output channel
+it, trt_builder/modes/weight_only/convert.py), and the absolute maximum of its output per output channel
 (static output scales take their maximum; the INT8 KV cache balances K and V channels with the
 q/k/v_proj ones, docs/quantization.md). The statistics are an artifact of their own
 (`calibration.safetensors` + `calibration.json`), keyed by the model, the calibration set and

@@ -1,5 +1,5 @@
 """A TensorRT-LLM checkpoint's config.json from a Hugging Face config: the family's fields, the
-dtype, the mapping and the quantization (convert writes it; checkpoint/unified.py rebuilds it
+dtype, the mapping and the quantization (convert writes it; targets/llmapi/checkpoint/unified.py rebuilds it
 when it reads a Hugging Face checkpoint back)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FP8 in TensorRT-LLM's checkpoint formats: e4m3 values of x / scale with a float32
-dequantization scale, per tensor (runtimes/fp8.py computes with them; convert/fp8.py and the
-recipe write them; checkpoint/unified.py reads and writes them in Hugging Face names)."""
+dequantization scale, per tensor (runtimes/fp8.py computes with them; modes/fp8/convert.py and the
+recipe write them; targets/llmapi/checkpoint/unified.py reads and writes them in Hugging Face names)."""
 
 from __future__ import annotations
 

@@ -10,14 +10,14 @@ import torch
 from safetensors import safe_open
 
 from ..core.errors import InputError
+from ..targets.llmapi.checkpoint.unified import is_unified, read_unified
 from .mapping import Mapping
 from .parallel import merge
-from .unified import is_unified, read_unified
 
 
 def read_checkpoint(checkpoint: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config, the TP=1 PP=1 tensors as stored) of a TensorRT-LLM checkpoint directory, or of
-    the Hugging Face checkpoint of the llmapi target, read into one (checkpoint/unified.py)."""
+    the Hugging Face checkpoint of the llmapi target, read into one (targets/llmapi/checkpoint/unified.py)."""
     if is_unified(checkpoint):
         return read_unified(checkpoint)
     cfg_path = checkpoint / "config.json"

@@ -144,7 +144,8 @@ def package_command(check_dir: Path | None, **kwargs: Any) -> None:
     if check_dir is None:
         _run(("package",), kwargs)
         return
-    from ..triton.repository import INFO, validate_repository
+    from ..triton.repositories import validate_repository
+    from ..triton.repository import INFO
 
     configs = validate_repository(check_dir)
     try:
@@ -254,8 +255,8 @@ def _verify_dirs(
     engine: Path | None,
     url: str | None,
 ) -> None:
+    from ..modes import checkpoint_mode
     from ..pipeline.standalone import verify_standalone
-    from ..spec.modes import checkpoint_mode
 
     spec = _spec_from(dict(kwargs))
     report = verify_standalone(checkpoint, reference, spec, runtime=runtime, engine_dir=engine,
@@ -286,7 +287,7 @@ def plan_command(**kwargs: Any) -> None:
     """
     from ..engine.memplan import GIB, proposed_batch
     from ..pipeline.plan import plan_memory
-    from ..spec.build import TARGET_MAKES
+    from ..targets import TARGET_MAKES
 
     as_json = kwargs["as_json"]
     spec = _spec_from(dict(kwargs))

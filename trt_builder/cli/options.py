@@ -11,9 +11,10 @@ import click
 
 from ..core.errors import SpecError
 from ..fleet.file import parse_duration
-from ..spec.build import GEMM_PLUGINS, TARGETS
+from ..modes import DTYPE_CHOICES, DTYPE_HELP, KV_CACHE_CHOICES, check_alpha
+from ..spec.build import GEMM_PLUGINS
 from ..spec.gpus import GPUS
-from ..spec.modes import DTYPE_CHOICES, DTYPE_HELP, KV_CACHE_CHOICES, check_alpha
+from ..targets import TARGETS
 
 F = Callable[..., Any]
 

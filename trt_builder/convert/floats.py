@@ -12,29 +12,55 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from ..calibrate.stats import load_stats
 from ..checkpoint.mapping import Mapping
-from ..checkpoint.parallel import shard, tp_kind
+from ..checkpoint.parallel import shard
 from ..checkpoint.safetensors_io import SafetensorsIndex, StreamingWriter
 from ..core.dtypes import torch_dtype
-from ..core.errors import ConversionError
 from ..models.family import TensorRule
-from ..spec.modes import QuantMode
-from .clipping import CLIPPED_LINEARS, ClipTally, clip_weight
-from .clipping import record as clipping_record
-from .kvcache import KVCacheScales
+from ..modes import QuantMode
+from ..modes.kvcache.convert import KVCacheScales
 from .plan import plan_conversion
 from .write import checker, finish, load_sources
 
 #: How a rule's source tensors are rewritten before they are split and cast (the INT8 KV
-#: cache's balancing, trt_builder/convert/kvcache.py; INT8 weight-only clipping, clipping.py),
-#: by TensorRT-LLM name.
+#: cache's balancing, trt_builder/modes/kvcache/convert.py; INT8 weight-only clipping,
+#: modes/weight_only/convert.py), by TensorRT-LLM name.
 Transform = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 Rewrite = dict[str, Transform]
+
+
+class WeightRewrite(Protocol):
+    """A mode's own rewrite of the weights, after the KV cache's (INT8 weight-only clipping,
+    modes/weight_only/convert.py)."""
+
+    def rewrite(
+        self,
+        rules: list[TensorRule],
+        rewrite: Rewrite,
+        inputs: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        tp: int,
+    ) -> Rewrite:
+        """`rewrite` with this one after it. `inputs`: factors the linears' input channels
+        come multiplied by (the KV cache's balancing)."""
+        ...
+
+    def producer(self) -> dict[str, Any] | None:
+        """After the write: what config.json's `producer` records of it (None: nothing)."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """After the write: what it adds to convert's summary."""
+        ...
+
+
+def then(first: Transform | None, second: Transform) -> Transform:
+    """`second` after `first` (if any)."""
+    return second if first is None else lambda parts: second(first(parts))
 
 
 def _stream(
@@ -89,26 +115,23 @@ def convert_checkpoint(
     pp: int = 1,
     calibration: Path | None = None,
     remember: Callable[[Path, str], None] | None = None,
+    weights: WeightRewrite | None = None,
 ) -> dict[str, Any]:
     """Convert `hf_dir` into a TensorRT-LLM checkpoint in `out_dir`; return a summary
     (`remember`: given each rank file's sha256, hashed as it was written). The
-    INT8 and FP8 KV caches take their scales from the statistics in `calibration`, and
-    INT8 weight-only clipping (`mode.clip`) its weighting; without them the weights are
-    written unclipped (the builder's plain rounding)."""
+    INT8 and FP8 KV caches take their scales from the statistics in `calibration`; `weights`:
+    the mode's own rewrite of the weights (INT8 weight-only clipping), if any."""
     family, config, rules, index, notes = plan_conversion(hf_dir, mode, tp=tp, pp=pp)
     mapping = Mapping.from_config(config)
     dtype = torch_dtype(config["dtype"])
     rewrite: Rewrite = {}
     extras: dict[str, torch.Tensor] = {}
     inputs: dict[str, torch.Tensor] = {}
-    tally = ClipTally()
     with index:  # closed here if the statistics are refused
         kv = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration)
         rewrite, extras, inputs = _kv_cache(kv, rules, v_channels=mode.weights is None)
-        if mode.clips and calibration is not None:
-            rewrite = _clipping(
-                rules, load_stats(calibration), rewrite, inputs, dtype, mapping.tp, tally
-            )
+        if weights is not None:
+            rewrite = weights.rewrite(rules, rewrite, inputs, dtype, mapping.tp)
     plans: list[dict[str, tuple[torch.dtype, tuple[int, ...]]]] = [{} for _ in range(mapping.world)]
     for rule in rules:  # shapes per rank, from the same split code run on meta tensors
         for rank, name, pieces in shard(
@@ -134,12 +157,11 @@ def convert_checkpoint(
                 writers[rank].write(name, pieces)
     if extras:
         config["quantization"]["kv_cache_quant_algo"] = mode.kv_cache_quant_algo
-    if tally.rows:  # modelopt's checkpoints carry a producer too; TensorRT-LLM keeps it as is
-        config["producer"] = {"name": "trt-builder", "weight_clipping": clipping_record()}
+    producer = weights.producer() if weights is not None else None
+    if producer:  # modelopt's checkpoints carry a producer too; TensorRT-LLM keeps it as is
+        config["producer"] = {"name": "trt-builder", **producer}
     summary = finish(out_dir, config, family, tensors=len(rules) + len(extras), notes=notes)
-    if tally.rows:
-        summary["weight_clipping"] = tally.summary()
-    return summary
+    return {**summary, **(weights.summary() if weights is not None else {})}
 
 
 def _kv_cache(
@@ -166,53 +188,6 @@ def _kv_cache(
         if scale is not None:
             extras[prefix + "kv_cache_scaling_factor"] = scale
     return rewrite, extras, inputs
-
-
-def _clipping(
-    rules: list[TensorRule],
-    stats: dict[str, torch.Tensor],
-    rewrite: Rewrite,
-    inputs: dict[str, torch.Tensor],
-    dtype: torch.dtype,
-    tp: int,
-    tally: ClipTally,
-) -> Rewrite:
-    """`rewrite` with INT8 weight-only clipping after it on every clipped linear (the builder
-    quantizes the final weights). `inputs`: factors their input channels come multiplied by
-    (W' = W / f, x' = x f: E[x'^2] = E[x^2] f^2)."""
-    out = dict(rewrite)
-    for rule in rules:
-        if not (
-            rule.name.startswith("transformer.layers.") and rule.name.endswith(CLIPPED_LINEARS)
-        ):
-            continue
-        module = rule.sources[0].removesuffix(".weight")  # q/k/v and gate/up share one input
-        if f"{module}.input_sqmean" not in stats:
-            raise ConversionError(
-                f"the calibration has no input_sqmean for {module}: recalibrate this model "
-                "(trt-builder calibrate --force)"
-            )
-        sqmean = stats[f"{module}.input_sqmean"].float()
-        if rule.name in inputs:
-            sqmean = sqmean * inputs[rule.name].float().square()
-        # row-parallel ranks each quantize their slice of the columns: one search per slice
-        slices = tp if tp_kind(rule.name) == "row" else 1
-        out[rule.name] = _then(rewrite.get(rule.name), _clip(sqmean, dtype, slices, tally))
-    return out
-
-
-def _clip(sqmean: torch.Tensor, dtype: torch.dtype, slices: int, tally: ClipTally) -> Transform:
-    """Clip the rows of each part (q, k, v), each of its `slices` column slices on its own."""
-
-    def one(part: torch.Tensor) -> torch.Tensor:
-        pieces = zip(part.chunk(slices, 1), sqmean.chunk(slices), strict=True)
-        return torch.cat([clip_weight(w, s, dtype, tally) for w, s in pieces], 1)
-
-    return lambda parts: [one(part) for part in parts]
-
-
-def _then(first: Transform | None, second: Transform) -> Transform:
-    return second if first is None else lambda parts: second(first(parts))
 
 
 def _scale_rows(factors: torch.Tensor) -> Transform:

@@ -12,8 +12,8 @@ from ..checkpoint.weights import weight_files
 from ..core.errors import ConversionError
 from ..models.family import Family, TensorRule
 from ..models.registry import family_for
+from ..modes import QuantMode
 from ..source.files import read_hf_config
-from ..spec.modes import QuantMode
 
 
 def trtllm_config(

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..checkpoint.weights import weight_files
+from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
 from ..recipe.candidates import recipe_dir, recipe_input, searches
+from .dispatch import checkpoint_writer
 
 
 def fetched(hf: Path) -> bool:
@@ -43,19 +45,13 @@ class ConvertStage(Stage):
         return ctx.layout.calibration(ctx.spec.calibrate.slug())
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
-        if ctx.spec.target == "llmapi":  # one Hugging Face checkpoint: tp and pp are serving's
-            return {"mode": ctx.spec.mode.to_json(), "target": "llmapi"}
-        return {"mode": ctx.spec.mode.to_json(), "tp": ctx.spec.tp, "pp": ctx.spec.pp}
+        return ctx.spec.build_target.convert_params(ctx.spec)
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
-        from .llmapi import convert_llmapi  # torch: only when it runs
-        from .model import convert_model
-
         mode = ctx.spec.mode
         calibration = self._calibration(ctx) if mode.needs_calibration else None
         recipe = recipe_dir(ctx) / "recipe.json" if searches(ctx) else None
-        if ctx.spec.target == "llmapi":
-            return convert_llmapi(mode, ctx.layout.hf, work, calibration=calibration, recipe=recipe)
-        return convert_model(mode, ctx.layout.hf, work, tp=ctx.spec.tp, pp=ctx.spec.pp,
-                             calibration=calibration, recipe=recipe,
-                             remember=ctx.digests.remember)  # fmt: skip
+        load_rooms("targets", "convert")  # torch: only when it runs
+        return checkpoint_writer(ctx.spec.build_target, mode, ctx.layout.hf, work,
+                                 tp=ctx.spec.tp, pp=ctx.spec.pp, calibration=calibration,
+                                 recipe=recipe, remember=ctx.digests.remember)  # fmt: skip

@@ -109,6 +109,27 @@ def _statements(body: list[ast.stmt], top_level: bool) -> list[tuple[ast.stmt, b
     return out
 
 
+#: The folders of rooms (core/rooms.py): a room's module sits at the layer it is named after.
+ROOM_FOLDERS = ("modes", "targets")
+
+
+def _loaded_rooms(source: str, tree: ast.Module) -> list[tuple[str, str]]:
+    """The (folder, layer) pairs whose room parts a module loads by name
+    (`load_rooms("modes", "convert")`, core/rooms.py)."""
+    if "load_rooms" not in source:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or len(node.args) != 2:
+            continue
+        if getattr(node.func, "id", getattr(node.func, "attr", None)) != "load_rooms":
+            continue
+        folder, layer = node.args
+        if isinstance(folder, ast.Constant) and isinstance(layer, ast.Constant):
+            found.append((str(folder.value), str(layer.value)))
+    return found
+
+
 def _discovers(source: str, tree: ast.Module) -> bool:
     """Whether a module loads its package's modules by name (pkgutil.iter_modules)."""
     return "iter_modules" in source and any(
@@ -140,6 +161,11 @@ def parse_imports(name: str, path: Path, known: set[str]) -> list[Import]:
         for target in targets:
             if target in known and target != name:
                 found.append(Import(name, target, getattr(node, "lineno", 0), top_level))
+    for folder, wanted in _loaded_rooms(source, tree):
+        for other in sorted(known):
+            parts = other.split(".")
+            if len(parts) > 3 and parts[1] == folder and parts[3] == wanted:
+                found.append(Import(name, other, 0, False))
     if _discovers(source, tree):
         for other in sorted(known):
             if other.rpartition(".")[0] == package and other != name:
@@ -259,8 +285,12 @@ def graph(root: Path = PACKAGE) -> Graph:
 
 
 def layer(module: str) -> str:
-    """The sub-package a module belongs to ("" for the top-level package)."""
+    """The sub-package a module belongs to ("" for the top-level package); a room's module
+    (trt_builder.modes.fp8.convert) sits at the layer it is named after, and the folders of
+    rooms themselves (their registry, base class, a room's empty __init__) at "spec"."""
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ROOM_FOLDERS:
+        return parts[3] if len(parts) > 3 else "spec"
     return parts[1] if len(parts) > 1 else ""
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..core.errors import EngineError
 from ..core.versions import tool_version
+from ..modes import DOCTOR_ROWS
 from ..spec.gpus import FEATURES
-from ..spec.modes import DOCTOR_ROWS
 from .build import find_toolchain
 from .host import gpu_info
 from .releases import release_for

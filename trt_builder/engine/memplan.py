@@ -26,9 +26,9 @@ from ..core.dtypes import BYTES, FLOATS
 from ..core.errors import SpecError
 from ..models.registry import family_for, family_of_checkpoint
 from ..models.shape import AttentionShape
+from ..modes import SmoothQuant, WeightStorage
 from ..spec.build import BuildLimits as Limits  # the spec's own limits
 from ..spec.gpus import GPUS, GpuSpec
-from ..spec.modes import SmoothQuant, WeightStorage
 
 GIB = 1024**3
 #: TensorRT-LLM's default share of the free memory for the KV cache.

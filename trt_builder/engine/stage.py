@@ -21,16 +21,13 @@ class EngineStage(Stage):
     needs_verified_checkpoint: ClassVar[bool] = True
 
     def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
-        """The engine target's: the llmapi target has no engine (its checkpoint is what the
-        PyTorch backend runs); asked for by name there, it is refused."""
-        if ctx.spec.target == "engine":
-            return True
-        if explicit:
-            raise SpecError(
-                "--target llmapi builds no engine: TensorRT-LLM's PyTorch backend runs its "
-                "checkpoint; run trt-builder package (or build), or use --target engine"
-            )
-        return False
+        """Where the target builds an engine; asked for by name where it does not, refused
+        with the target's words."""
+        target = ctx.spec.build_target
+        refusal = target.engine_refusal()
+        if explicit and refusal:
+            raise SpecError(refusal)
+        return target.builds_engine
 
     def output_dir(self, ctx: BuildContext) -> Path:
         return ctx.layout.engine

@@ -44,15 +44,6 @@ def family_for(hf_config: dict[str, Any]) -> Family:
     )
 
 
-def refuse_llmapi(family: Family, architecture: str) -> None:
-    """`--target llmapi` for a family TensorRT-LLM's PyTorch backend does not run, refused with
-    the way out."""
-    if family.no_llmapi:
-        raise UnsupportedModelError(
-            f"--target llmapi is not built for {architecture}: {family.no_llmapi}"
-        )
-
-
 def refuse_mode(family: Family, architecture: str, flag: str | None) -> None:
     """A mode for a family it does not build (`flag`: the mode's Mode.FAMILY_FLAG), refused
     with the way out."""

@@ -26,7 +26,7 @@ from ..core.versions import tool_versions
 from ..engine.build import build_command
 from ..engine.memplan import resolve_limits
 from ..engine.stage import EngineStage
-from ..models.registry import family_for, refuse_llmapi, refuse_mode
+from ..models.registry import family_for, refuse_mode
 from ..recipe.stage import RecipeStage
 from ..source.fetch import config_alone
 from ..source.files import read_hf_config
@@ -131,8 +131,7 @@ def refuse_unbuildable(hf_config: dict[str, Any], spec: BuildSpec) -> None:
         check_mapping(family.config(hf_config), spec.tp, spec.pp)
     architecture = str((hf_config.get("architectures") or ["?"])[0])
     refuse_mode(family, architecture, spec.mode.FAMILY_FLAG)
-    if spec.target == "llmapi":
-        refuse_llmapi(family, architecture)
+    spec.build_target.refuse_family(family, architecture)
 
 
 def check_model_early(ctx: BuildContext) -> None:

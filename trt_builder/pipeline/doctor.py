@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.doctor import inspect as inspect_engine
-from ..spec.build import TARGET_MAKES
+from ..targets import ROOMS as TARGETS
 from ..triton.server import NGC, Binary, find_tritonserver
 
 
@@ -41,28 +41,7 @@ def inspect(out: Path) -> dict[str, Any]:
         for mode, engine in report["engine"].items()
     }
     report["targets"] = {
-        "engine": {"makes": TARGET_MAKES["engine"], "here": "the modes above"},
-        "llmapi": {"makes": TARGET_MAKES["llmapi"], "here": llmapi_here(report, binary)},
+        target.name: {"makes": target.MAKES, "here": target.here(report, tritonserver=bool(binary))}
+        for target in TARGETS
     }
     return report
-
-
-def llmapi_here(report: dict[str, Any], binary: Binary | None) -> str:
-    """What `--target llmapi` does on this host: it builds wherever torch runs (float dtypes,
-    int8-wo and fp8; not SmoothQuant or the INT8 KV cache); its repository is served on the
-    reference backend by any tritonserver with the Python backend; where TensorRT-LLM >= 1.0
-    is installed, its own LLM() runs the checkpoint (verify --runtime llmapi) and the
-    repository gets its own llmapi model (docs/llmapi.md)."""
-    serve = (
-        "served on the reference backend (llmapi contract)"
-        if binary
-        else "not served: no tritonserver"
-    )
-    version = str(report.get("tensorrt_llm") or "")
-    installed = (
-        f"; TensorRT-LLM {version} here runs its checkpoint (LLM(), verify --runtime llmapi, "
-        "trtllm-serve) and its own llmapi model serves the repository"
-        if version[:1].isdigit() and not version.startswith("0.")
-        else ""
-    )
-    return f"yes: builds (float dtypes, int8-wo, fp8), {serve}{installed}"

@@ -9,10 +9,10 @@ from typing import Any
 
 from ..core.errors import InputError
 from ..core.fsio import write_json
-from ..engine.llmapi_runtime import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..engine.runtime import EngineRuntime
+from ..modes import checkpoint_mode
 from ..spec.build import BuildSpec
-from ..spec.modes import checkpoint_mode
+from ..targets.llmapi.engine import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..triton.runtime import TritonRuntime
 from ..verify.compare import RuntimeOpener, verify_checkpoint
 from ..verify.reports import write_reports

@@ -6,15 +6,16 @@ rerun convert."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
+from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
-from .candidates import Fp8SearchSet, SearchSet, recipe_dir, search_set, searches
+from .candidates import recipe_dir, search_set, searches
+from .dispatch import run_search
 
 SEARCH_SPLIT = Path(__file__).parents[1] / "calibrate" / "data" / "search.jsonl"
 
@@ -40,35 +41,22 @@ class RecipeStage(Stage):
         inputs["search split"] = SEARCH_SPLIT
         return inputs
 
-    def _choice(self, ctx: BuildContext) -> SearchSet | Fp8SearchSet:
-        choice = search_set(ctx.spec.mode)
-        return SearchSet() if choice is None else choice  # None: asked for by name, not run
-
     def params(self, ctx: BuildContext) -> dict[str, Any]:
-        return self._choice(ctx).key_fields()
+        choice = search_set(ctx.spec.mode)  # None: asked for by name, not run
+        return {} if choice is None else choice.key_fields()
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         options = ctx.spec.calibrate
-        choice = self._choice(ctx)
+        choice = search_set(ctx.spec.mode)
+        assert choice is not None  # wanted() runs it only then
         where: dict[str, Any] = dict(device=options.device, batch=options.batch_size, offload=work / "offload",
                      progress=ctx.progress, handoff=ctx.handoff)  # fmt: skip
-        keys = ["chosen", "tokens", "device", "seconds", "peak_gpu_bytes"]
+        load_rooms("modes", "recipe")  # torch and transformers: when it runs
         try:
-            if isinstance(choice, Fp8SearchSet):
-                from safetensors.torch import save_file
-
-                from .fp8 import WEIGHTS, search_fp8  # torch and transformers: when it runs
-
-                recipe, tensors = search_fp8(ctx.layout.hf, self._calibration(ctx), choice, **where)
-                if tensors:
-                    save_file(tensors, str(work / WEIGHTS), metadata={"format": "pt"})
-                    os.chmod(work / WEIGHTS, 0o644)  # safetensors makes it 0600
-            else:
-                from .search import search
-
-                recipe = search(ctx.layout.hf, self._calibration(ctx), choice, **where)
-                keys.append("alpha")
+            recipe, keys = run_search(choice, ctx.layout.hf, self._calibration(ctx), work, where)
         finally:
             shutil.rmtree(work / "offload", ignore_errors=True)
         write_json(work / "recipe.json", recipe)
-        return {k: recipe[k] for k in keys}
+        return {
+            k: recipe[k] for k in ("chosen", "tokens", "device", "seconds", "peak_gpu_bytes", *keys)
+        }

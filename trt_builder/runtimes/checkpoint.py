@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
-from ..checkpoint.unified import WEIGHT_SCALE
-from ..checkpoint.weight_only import WEIGHT_ONLY_LINEARS
 from ..core.dtypes import torch_dtype
 from ..core.errors import InputError
 from ..models.shape import AttentionShape
-from ..spec.modes import mode_of
+from ..modes import mode_of
+from ..modes.weight_only.checkpoint import WEIGHT_ONLY_LINEARS
+from ..targets.llmapi.checkpoint.unified import WEIGHT_SCALE
 from .fp8 import fp8_kernel_runs, fp8_matmul
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 

@@ -1,5 +1,5 @@
 """The arithmetic of TensorRT-LLM's FP8 per-tensor GEMM (FP8Linear, `quant_algo: FP8`) and of
-the FP8 KV cache, in one place: the converter stores the operands (convert/fp8.py, rounded as
+the FP8 KV cache, in one place: the converter stores the operands (modes/fp8/convert.py, rounded as
 checkpoint/fp8.py says), the checkpoint runtime executes them.
 
 - the input is quantized with its static scale a (`activation_scaling_factor`, a dequantization

@@ -1,5 +1,5 @@
 """The arithmetic of TensorRT-LLM's SmoothQuant plugin GEMM, in one place: the converter stores
-its operands (trt_builder/convert/smoothquant.py), the checkpoint runtime executes them
+its operands (trt_builder/modes/smoothquant/convert.py), the checkpoint runtime executes them
 (runtimes/checkpoint.py), and the recipe search simulates candidates with it in memory
 (trt_builder/recipe/). docs/quantization.md states the formats.
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SpecError
+from ..modes import DTYPE_CHOICES, Mode, ModeOptions, check_alpha, gate_for, mode_for
+from ..modes.kvcache.spec import KV_NEEDS
+from ..targets import Target, target_for
 from .gates import Gate
 from .gpus import FEATURES, GPUS
-from .modes import DTYPE_CHOICES, Mode, ModeOptions, check_alpha, gate_for, mode_for
-from .modes.kvcache import KV_NEEDS, kv_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,20 +23,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SPEC_VERSION = 1
-
-#: What a build makes (docs/llmapi.md): `engine`, a TensorRT-LLM checkpoint for trtllm-build
-#: (0.20-1.2) and an inflight_batcher_llm repository; `llmapi`, a Hugging Face checkpoint that
-#: TensorRT-LLM's PyTorch backend (`LLM(...)`, trtllm-serve) and vLLM load, and a Triton
-#: repository of the llmapi model.
-TARGETS = ("engine", "llmapi")
-#: What each target makes, as plan and doctor say it.
-TARGET_MAKES = {
-    "engine": "a TensorRT-LLM checkpoint, trtllm-build's engine (0.20-1.2) and an "
-    "inflight_batcher_llm Triton repository; the limits are trtllm-build's",
-    "llmapi": "a Hugging Face checkpoint for TensorRT-LLM's PyTorch backend (LLM(), "
-    "trtllm-serve) and vLLM, and a Triton llmapi repository; no engine; the limits are LLM() "
-    "arguments (model.yaml, trtllm-serve.yaml)",
-}
 
 
 @dataclass(frozen=True)
@@ -135,7 +122,9 @@ class Int8Options:
     """The INT8 recipes: SmoothQuant's smoothing strength and activation granularity (--dtype
     int8), weight-only's calibrated clipping (--dtype int8-wo)."""
 
-    alpha: float | str = "auto"  # "auto": searched on the corpus's search split (recipe/search.py)
+    alpha: float | str = (
+        "auto"  # "auto": searched on the corpus's search split (modes/smoothquant/recipe/search.py)
+    )
     granularity: str = "per-token"  # or "per-tensor" (static activation scales)
     wo_clip: bool = True  # false: the builder's plain rounding, no calibration
 
@@ -269,11 +258,7 @@ class BuildSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name} must be a positive integer, got {value!r}")
-        if self.target not in TARGETS:
-            raise SpecError(
-                f"target {self.target!r} is not one of {', '.join(TARGETS)}: use --target engine "
-                "(trtllm-build) or llmapi (TensorRT-LLM's PyTorch backend)"
-            )
+        target = self.build_target  # refuses a target that does not exist
         if self.target_gpu not in GPUS:
             raise SpecError(f"unknown target GPU {self.target_gpu!r}: use one of {', '.join(GPUS)}")
         if self.revision is not None and not re.fullmatch(r"[\w.\-/]+", self.revision):
@@ -297,8 +282,7 @@ class BuildSpec:
                 "need SM 89 or newer: L4, L40S, H100, H200, B200): use --dtype int8 or "
                 "float16 there, with --kv-cache int8 or model"
             )
-        refusal = (mode.kv_refusal() or mode.target_refusal(self.target)
-                   or kv_refusal(self.kv_cache, self.target, mode.quant_algo, self.dtype))  # fmt: skip
+        refusal = mode.kv_refusal() or target.refusal(mode, self.dtype)
         if refusal:
             raise SpecError(refusal)
         gemm = self.engine.gemm_plugin
@@ -316,10 +300,14 @@ class BuildSpec:
         return mode_for(self.dtype, kv_cache=self.kv_cache, options=options)
 
     @property
+    def build_target(self) -> Target:
+        """What --target names: the stages ask it what to do (targets/)."""
+        return target_for(self.target)
+
+    @property
     def variant(self) -> str:
         """Directory name of this precision/parallelism variant, e.g. ``int8-wo-tp1-pp1``."""
-        target = "" if self.target == "engine" else f"-{self.target}"
-        return f"{self.mode.name}{target}-tp{self.tp}-pp{self.pp}"
+        return f"{self.mode.name}{self.build_target.variant_suffix}-tp{self.tp}-pp{self.pp}"
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

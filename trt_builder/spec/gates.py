@@ -1,14 +1,8 @@
-"""A verify gate, and the quantization a checkpoint declares (light: no torch import, so cached
-reruns stay fast). Each mode's default gates are in its room (spec/modes/)."""
+"""A verify gate. Each mode's default gates are in its room (modes/<mode>/spec.py)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-from ..core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -21,48 +15,3 @@ class Gate:
     max_kl: float
     max_ppl_delta_pct: float | None = None
     min_greedy: float | None = None
-
-
-def hf_quantization(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The quantization a loader reads from a Hugging Face checkpoint (`config`: its
-    config.json): hf_quant_config.json (TensorRT-LLM's first choice), else config.json's
-    modelopt `quantization_config`, else none. Keys: quant_algo, kv_cache_quant_algo,
-    exclude_modules (docs/llmapi.md)."""
-    path = directory / "hf_quant_config.json"
-    if path.is_file():
-        try:
-            found = json.loads(path.read_text()).get("quantization") or {}
-        except (OSError, ValueError, AttributeError):
-            raise InputError(f"{path} is not a JSON table: rewrite it or reconvert") from None
-        return {k: found.get(k) for k in ("quant_algo", "kv_cache_quant_algo", "exclude_modules")}
-    found = config.get("quantization_config") or {}
-    if found and found.get("quant_method") != "modelopt":
-        raise InputError(
-            f"{directory}: quantization_config method {found.get('quant_method')!r} is not "
-            "read here (modelopt's unified format is): pass a checkpoint trt-builder wrote"
-        )
-    return modelopt_quantization(found)
-
-
-def modelopt_quantization(found: dict[str, Any]) -> dict[str, Any]:
-    """The quantization of config.json's modelopt `quantization_config` (`found`), in
-    hf_quant_config.json's keys."""
-    return {
-        "quant_algo": found.get("quant_algo"),
-        "kv_cache_quant_algo": "FP8" if found.get("kv_cache_scheme") else None,
-        "exclude_modules": found.get("ignore"),
-    }
-
-
-def checkpoint_quantization(checkpoint: Path) -> tuple[dict[str, Any], Any]:
-    """The quantization table and dtype of a checkpoint directory: TensorRT-LLM's config.json
-    `quantization`, or the Hugging Face one's of the llmapi target (hf_quantization)."""
-    try:
-        config = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError):
-        raise InputError(
-            f"{checkpoint} has no readable config.json: pass a TensorRT-LLM checkpoint directory"
-        ) from None
-    if "architecture" not in config and "architectures" in config:  # a Hugging Face checkpoint
-        return hf_quantization(checkpoint, config), config.get("dtype") or config.get("torch_dtype")
-    return config.get("quantization") or {}, config.get("dtype")

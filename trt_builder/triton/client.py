@@ -101,15 +101,16 @@ def _inputs(module: Any, request: Request, stream: bool) -> list[Any]:
     return items
 
 
-#: The llmapi model (triton/llmapi.py) and its sampling inputs, by the ensemble's names.
+#: The llmapi model (targets/llmapi/triton.py) and its sampling inputs, by the ensemble's names.
 LLMAPI_MODEL = "tensorrt_llm"
 _LLMAPI_SAMPLING = {"temperature": "sampling_param_temperature", "top_p": "sampling_param_top_p",
                     "top_k": "sampling_param_top_k", "seed": "sampling_param_seed"}  # fmt: skip
 
 
-def is_llmapi(client: Any) -> bool:
-    """Whether the deployment is an llmapi repository: no ensemble, and a tensorrt_llm model
-    that takes text (the llmapi template's text_input)."""
+def takes_text(client: Any) -> bool:
+    """Whether the deployment speaks the llmapi model's contract (TensorRT-LLM's llmapi
+    template, which any server may serve, ours or not): no ensemble, and a tensorrt_llm model
+    that takes text (text_input)."""
     try:
         if client.is_model_ready("ensemble"):
             return False
@@ -175,7 +176,7 @@ def generate(url: str, request: Request, *, model: str | None = None, timeout: f
     outputs = [
         module.InferRequestedOutput("text_output", **({} if grpc else {"binary_data": False}))
     ]
-    llmapi = model == LLMAPI_MODEL if model is not None else is_llmapi(client)
+    llmapi = model == LLMAPI_MODEL if model is not None else takes_text(client)
     model = model or (LLMAPI_MODEL if llmapi else "ensemble")
     _check_image(client, model, request)
     inputs = (_llmapi_inputs if llmapi else _inputs)(module, request, False)
@@ -199,7 +200,7 @@ def stream_model(client: Any) -> str:
     tensorrt_llm_bls where the server serves it (its pieces are whole characters), else the
     ensemble (the same model in a repository trt-builder writes now; in an older one, Triton's
     ensemble, which decodes each piece alone)."""
-    if is_llmapi(client):
+    if takes_text(client):
         return LLMAPI_MODEL
     try:
         return STREAM_MODEL if client.is_model_ready(STREAM_MODEL) else "ensemble"

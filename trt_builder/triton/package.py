@@ -4,7 +4,6 @@ the config its build command will give it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +13,6 @@ from ..core.errors import PackageError
 from ..core.stage import BuildContext, built_from, read_marker
 from ..engine.build import check_engine, planned_engine_config
 from ..source import files
-from .llmapi import CHECKPOINT, MODEL, LlmapiOptions
 from .repository import RepositoryOptions, options_from_engine
 
 #: Checkpoint fields an engine's config.json (pretrained_config) must agree on.
@@ -111,35 +109,3 @@ def repository_options(ctx: BuildContext, version: int, engine: Path | None) -> 
         kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
     )
     return replace(options, backend=kind)
-
-
-def llmapi_backend(chosen: str) -> str:
-    """The llmapi model's backend for [triton] backend `chosen`: "auto" is "tensorrtllm" (the
-    template's model.py, TensorRT-LLM's own) where TensorRT-LLM is installed, as the engine
-    target's auto is its backend where the engine was built; else "reference"."""
-    if chosen != "auto":
-        return chosen
-    return "tensorrtllm" if importlib.util.find_spec("tensorrt_llm") is not None else "reference"
-
-
-def llmapi_options(ctx: BuildContext, version: int) -> LlmapiOptions:
-    """The llmapi repository's options for published version `version`: the memory plan's
-    limits (as `LLM()` arguments), tp and pp, the [triton] table, and the checkpoint's path
-    where the serving host sees the repository. [triton] backend auto is TensorRT-LLM's own
-    model where TensorRT-LLM is installed (the NGC container), else the reference backend."""
-    triton, limits = ctx.spec.triton, ctx.spec.limits
-    root = triton.serve_root or str(ctx.layout.triton_root.resolve())
-    if limits.max_batch_size is None or limits.max_num_tokens is None:
-        raise PackageError("internal: the llmapi repository needs the memory plan's limits")
-    return LlmapiOptions(
-        model_path=f"{root}/{ctx.layout.triton_name}/{MODEL}/{version}/{CHECKPOINT}",
-        max_batch_size=limits.max_batch_size,
-        max_num_tokens=limits.max_num_tokens,
-        max_seq_len=limits.max_seq_len,
-        version=version,
-        tp=ctx.spec.tp,
-        pp=ctx.spec.pp,
-        decoupled=triton.streaming,
-        kv_cache_free_gpu_mem_fraction=triton.kv_cache_free_gpu_mem_fraction,
-        backend=llmapi_backend(triton.backend),
-    )

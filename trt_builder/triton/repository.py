@@ -19,8 +19,6 @@ from ..core.errors import PackageError
 from ..core.fsio import link_or_copy, replace_symlink
 from ..source.portable import copy_portable
 from .conformance import common_tensors, required_parameters
-from .llmapi import MODEL as LLMAPI_MODEL
-from .llmapi import model_versions, validate_llmapi
 
 # (name, data type, dims, optional) — the tensors each model exposes.
 Tensor = tuple[str, str, tuple[int, ...], bool]
@@ -336,10 +334,12 @@ def write_repository(
         "engine_included": engine_dir is not None and opts.backend != "reference",
     }
     (work / INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    validate_repository(work)
+    check_repository(
+        work, {p.parent.name: load_config(p) for p in sorted(work.glob("*/config.pbtxt"))}
+    )
 
 
-def _load_config(path: Path) -> mc.ModelConfig:
+def load_config(path: Path) -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
         text_format.Parse(path.read_text(), config)
@@ -350,24 +350,26 @@ def _load_config(path: Path) -> mc.ModelConfig:
     return config
 
 
-def is_llmapi(configs: dict[str, mc.ModelConfig]) -> bool:
-    """An llmapi repository: its tensorrt_llm model takes text (the template's text_input)."""
-    llm = configs.get(LLMAPI_MODEL)
-    return llm is not None and any(t.name == "text_input" for t in llm.input)
+def model_versions(model_dir: Path) -> list[int]:
+    """A Triton model directory's version numbers, oldest first."""
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def validate_repository(root: Path) -> dict[str, mc.ModelConfig]:
-    """Parse every config.pbtxt with Triton's schema; check each model's version directories,
-    the python models' model.py, the engine the tensorrt_llm model points to (where it lies in
-    this repository) and the ensemble's wiring (each input produced upstream, data types and
-    dims agreeing). Raises PackageError naming the model and tensor."""
-    if not root.is_dir():
-        raise PackageError(f"{root} is not a directory: give the Triton model repository")
-    configs = {p.parent.name: _load_config(p) for p in sorted(root.glob("*/config.pbtxt"))}
-    if not configs:
-        raise PackageError(f"{root} holds no model (no */config.pbtxt)")
-    if is_llmapi(configs):
-        return {LLMAPI_MODEL: validate_llmapi(root)}
+#: Loaded explicitly on the first rank (and tensorrt_llm_bls where the repository has it); the
+#: other ranks load only the engine.
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+
+
+def served_models(configs: dict[str, mc.ModelConfig]) -> tuple[str, ...]:
+    """The models serve loads from a repository whose configs are `configs`."""
+    return MODELS + ((BLS,) if BLS in configs else ())
+
+
+def check_repository(root: Path, configs: dict[str, mc.ModelConfig]) -> dict[str, mc.ModelConfig]:
+    """The engine target's repository at `root`, whose parsed configs are `configs`: each
+    model's version directories, the python models' model.py, the engine the tensorrt_llm model
+    points to (where it lies in this repository) and the ensemble's wiring (each input produced
+    upstream, data types and dims agreeing). Raises PackageError naming the model and tensor."""
     for name, config in configs.items():
         if config.name and config.name != name:
             raise PackageError(

@@ -7,20 +7,12 @@ import json
 from pathlib import Path
 
 from ..core.errors import PackageError
-from .llmapi import MODEL as LLMAPI_MODEL
-from .repository import BLS, INFO, is_llmapi, validate_repository
+from .repositories import read_repository
+from .repository import INFO
 
 #: Seconds tritonserver gives in-flight requests after SIGTERM before it unloads the models
 #: (whose requests then end with an error): a bounded drain, not Triton's default 30 s.
 EXIT_TIMEOUT_S = 10
-#: Loaded explicitly on the first rank (and tensorrt_llm_bls where the repository has it); the
-#: other ranks load only the engine.
-MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
-
-
-def served_models(configs: dict) -> tuple[str, ...]:
-    """The models serve loads from a repository whose configs are `configs`."""
-    return MODELS + ((BLS,) if BLS in configs else ())
 
 
 def serve_command(
@@ -37,8 +29,8 @@ def serve_command(
     `mpirun` with world_size ranks (tp x pp) when there are several. The repository path is
     the one the serving container sees (the spec's [triton] serve_root). Rank i's Python
     backend names its shared-memory regions `<shm_prefix><i>_...`."""
-    configs = validate_repository(repository)
-    models = (LLMAPI_MODEL,) if is_llmapi(configs) else served_models(configs)
+    kind, configs = read_repository(repository)
+    models = kind.models(configs)
     try:
         info = json.loads((repository / INFO).read_text())
         # the reference backend merges the ranks into one process; the engine needs one each

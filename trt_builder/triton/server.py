@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import InputError, PackageError, TritonError
-from .llmapi import TEMPLATE, latest_version, template_here, uses_template
-from .repository import current_version, validate_repository
-from .serve import serve_command, served_models
+from .repositories import read_repository
+from .repository import current_version
+from .serve import serve_command
 
 #: The environment variable that names a tritonserver executable to use.
 EXECUTABLE_ENV = "TRT_BUILDER_TRITONSERVER"
@@ -239,7 +239,7 @@ class Server:
             return None
         assert self.repository is not None
         try:
-            configs = validate_repository(self.repository)
+            kind, configs = read_repository(self.repository)
         except PackageError as exc:
             self.failed = version
             raise TritonError(
@@ -247,7 +247,7 @@ class Server:
                 f"version {self.version} still serves"
             ) from None
         try:
-            for model in served_models(configs):
+            for model in kind.models(configs):
                 url = f"{self.http_url}/v2/repository/models/{model}/load"
                 with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"),
                                             timeout=timeout):  # fmt: skip
@@ -436,19 +436,6 @@ def _ready(url: str) -> bool:
         return False
 
 
-def needs_template(repository: Path) -> None:
-    """Refuse an llmapi repository that runs TensorRT-LLM's own model.py on a host without the
-    template it links to (anywhere but the NGC container), before a server starts."""
-    latest = latest_version(repository)
-    if latest is not None and uses_template(latest) and not template_here():
-        raise PackageError(
-            f"{repository} runs TensorRT-LLM's own llmapi model.py, linked from {TEMPLATE}, "
-            "which this host lacks: serve it in the NGC container "
-            "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3), or package with "
-            "--backend reference"
-        )
-
-
 def start(
     repository: Path,
     *,
@@ -468,7 +455,7 @@ def start(
             "'trt-builder[serve]' (tritonserver with the Python backend, for the reference backend)"
         )
     check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
-    needs_template(repository)
+    read_repository(repository)[0].check_host(repository)
     served = repository.absolute()  # the link itself: reload() follows it
     shm_prefix = f"trtb{secrets.token_hex(4)}r"  # this server's own, so a kill can clean up
     argv = serve_command(served, tritonserver=str(binary.executable), http_port=http_port,

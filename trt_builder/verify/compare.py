@@ -18,11 +18,11 @@ from ..checkpoint.reader import read_checkpoint
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..checkpoint.weights import weight_files
 from ..core.errors import InputError
+from ..modes.kvcache.spec import kv_cache_of
 from ..runtimes.checkpoint import CheckpointRuntime
 from ..runtimes.scoring import kl, nll
 from ..source.hf import end_ids, load_hf_model, load_tokenizer, pick_device
 from ..spec.gates import Gate
-from ..spec.modes.kvcache import kv_cache_of
 from . import diagnose
 from .diagnose import Finding
 from .prompts import load_prompts

@@ -27,8 +27,8 @@ from ..checkpoint.parallel import tp_kind
 from ..convert.plan import plan_conversion
 from ..core.dtypes import FLOATS, torch_dtype
 from ..core.errors import InputError, TrtBuilderError
-from ..spec.modes import mode_of
-from ..spec.modes.kvcache import KV_QUANT_ALGO, kv_cache_of
+from ..modes import mode_of
+from ..modes.kvcache.spec import KV_QUANT_ALGO, kv_cache_of
 
 #: Config keys that say how the checkpoint was made rather than what the model is.
 _BUILD_KEYS = {"dtype", "logits_dtype", "mapping", "quantization", "producer"}
@@ -129,7 +129,7 @@ class Exact:
 @dataclass(frozen=True)
 class Clipping:
     """The INT8 weight-only clipping a checkpoint says its weights went through
-    (`producer.weight_clipping` in config.json, convert/clipping.py): row j of each listed
+    (`producer.weight_clipping` in config.json, modes/weight_only/convert.py): row j of each listed
     linear is the model's row clamped to +-(r * its absmax), the bound rounded to the checkpoint
     dtype, for one r of `ratios`; a row-parallel linear per tensor-parallel column slice."""
 

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 from ..core.fsio import write_json
 from ..core.stage import BuildContext, Stage
+from ..modes import checkpoint_mode
 from ..spec.gates import Gate
-from ..spec.modes import checkpoint_mode
 from .reports import write_reports
 
 

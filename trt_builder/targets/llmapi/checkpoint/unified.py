@@ -1,0 +1,226 @@
+"""The Hugging Face checkpoint of `--target llmapi` (docs/llmapi.md): what TensorRT-LLM's PyTorch
+backend (`LLM(model=dir)`, trtllm-serve) and vLLM load, in modelopt's unified format where it is
+quantized, written from the TensorRT-LLM checkpoint convert makes (TP=1) by running the
+family's tensor rules backwards, and read back into one by the same rules. So verify, the
+checkpoint runtime and the reference backend run it as they run the engine target's, and the
+two targets hold the same quantized numbers.
+
+The format (docs/llmapi.md has the per-release table and its sources):
+- `model.safetensors`: the model's own tensor names; q, k, v and gate, up unfused. FP8:
+  `<module>.weight` float8_e4m3fn [out, in], `<module>.weight_scale` and `<module>.input_scale`
+  float32 scalars (shape []), dequantization scales; with the FP8 KV cache
+  `self_attn.k_proj.k_scale` and `self_attn.v_proj.v_scale` (amax / 448, float32 []).
+- `hf_quant_config.json` (quantized only), the file TensorRT-LLM reads:
+  `{"producer": {...}, "quantization": {"quant_algo", "kv_cache_quant_algo", "exclude_modules"}}`;
+  `config.json` carries the same as `quantization_config` (`"quant_method": "modelopt"`), the
+  key vLLM and transformers read.
+
+A vision-language model (Qwen2.5-VL) is written whole, as the PyTorch backend serves it: the
+language model as above, the vision tower copied from the source unquantized in the checkpoint's
+dtype under the hub's names (`visual.*`; targets/llmapi/checkpoint/loaders.py has what each loader reads),
+and listed in exclude_modules as modelopt lists it (`visual*`) and plainly (`visual`, which
+vLLM 0.10-0.11 match as a substring). read_unified reads the language model alone.
+
+q, k and v (and gate and up) are written with one weight scale, the larger, as the engine
+checkpoint holds them: both loaders fuse those GEMMs and requantize each shard to the largest
+scale of the group (TensorRT-LLM's FP8QDQLinearMethod, vLLM's requantize_with_max_scale), so a
+shared scale is what they compute, rounded once instead of twice (modelopt 0.47's
+export_hf_checkpoint writes each its own; docs/llmapi.md lists the differences).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from ....checkpoint.config import engine_config
+from ....checkpoint.fp8 import E4M3, to_e4m3
+from ....checkpoint.safetensors_io import SafetensorsIndex
+from ....checkpoint.weights import weight_files
+from ....core.errors import InputError
+from ....models.family import TensorRule
+from ....models.registry import family_for
+from ....modes import Mode, mode_of
+from ....modes.kvcache.spec import KV_SCHEME
+from ....modes.quantization import hf_quantization
+from ....modes.weight_only.checkpoint import WEIGHT_ONLY_LINEARS, quantize_rows
+
+#: The weights file written; its quantization file.
+WEIGHTS = "model.safetensors"
+HF_QUANT = "hf_quant_config.json"
+#: The K and V cache scales, on the k and v projections (modelopt's names, vLLM remaps them).
+KV_SCALES = ("k_proj.k_scale", "v_proj.v_scale")
+#: In the TensorRT-LLM-named tensors read_unified gives, the per-row scale of a W8A16 GEMM
+#: whose `weight` is the checkpoint's int8 (a name of trt-builder's: the engine checkpoint has
+#: float weights, which trtllm-build quantizes; runtimes/checkpoint.py multiplies the two).
+WEIGHT_SCALE = ".weight_only_scale"
+
+
+def is_unified(directory: Path) -> bool:
+    """Whether `directory` holds a Hugging Face checkpoint (config.json with `architectures`)
+    rather than a TensorRT-LLM one (`architecture`)."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "architecture" not in config and "architectures" in config
+
+
+def _base(name: str) -> str:
+    return name.removesuffix(".weight")
+
+
+def hf_tensors(
+    tensors: dict[str, torch.Tensor],
+    rules: list[TensorRule],
+    kv_scales: dict[str, torch.Tensor],
+    weight_only: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """The Hugging Face tensors of a TP=1 TensorRT-LLM checkpoint's `tensors` (taken from the
+    dict as they are placed), by the family's `rules` for the source model; `kv_scales`: the
+    k_scale / v_scale tensors by Hugging Face name, for the FP8 KV cache; `weight_only`: the
+    model dtype of a W8A16 checkpoint, whose GEMM weights are written as INT8 values
+    (modes/weight_only/checkpoint.py)."""
+    out: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        tensor = tensors.pop(rule.name)
+        parts = tensor.split(rule.rows()) if len(rule.sources) > 1 else [tensor]
+        scales: dict[str, torch.Tensor] = {}
+        row_scales: list[torch.Tensor] = []
+        if weight_only is not None and rule.name.endswith(WEIGHT_ONLY_LINEARS):
+            q, row = quantize_rows(tensor, weight_only)
+            parts = q.split(rule.rows()) if len(rule.sources) > 1 else [q]
+            row_scales = list(row.split(rule.rows())) if len(rule.sources) > 1 else [row]
+        if tensor.dtype == E4M3:
+            base = _base(rule.name)
+            scales = {
+                "weight_scale": tensors.pop(f"{base}.weights_scaling_factor").reshape(()),
+                "input_scale": tensors.pop(f"{base}.activation_scaling_factor").reshape(()),
+            }
+        for source, part in zip(rule.sources, parts, strict=True):
+            part = part.t() if rule.transpose else part
+            if source in out:  # the tied lm_head: the embedding, stored once
+                if not torch.equal(out[source], part):
+                    raise ValueError(f"internal: {rule.name} differs from {source}, stored once")
+                continue
+            out[source] = part.contiguous()
+            for suffix, scale in scales.items():
+                out[f"{_base(source)}.{suffix}"] = scale.clone()
+        for source, row in zip(rule.sources, row_scales, strict=False):
+            out[f"{_base(source)}.weight_scale"] = row.contiguous()
+    for name in [n for n in tensors if n.endswith(".kv_cache_scaling_factor")]:
+        del tensors[name]  # the engine's: the Hugging Face checkpoint has k_scale and v_scale
+    if tensors:
+        raise ValueError(f"internal: no Hugging Face name for {sorted(tensors)[0]}")
+    return {**out, **kv_scales}
+
+
+def vision_tensors(
+    index: SafetensorsIndex, prefixes: tuple[str, ...], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """The vision tower's tensors of the source `index` (those under `prefixes`, a family's
+    `vision_tower`), unquantized in `dtype`, under the hub's prefix `prefixes[0]`
+    (transformers 4.52-4.57 saved Qwen2.5-VL's as `model.visual.`, which TensorRT-LLM main
+    does not rename for it)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in index.names():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is not None:
+            tensor = index.read(name)
+            kind = dtype if tensor.is_floating_point() else tensor.dtype
+            out[prefixes[0] + name.removeprefix(prefix)] = tensor.to(kind, copy=True)
+    return out
+
+
+def tower_exclusions(prefixes: tuple[str, ...]) -> list[str]:
+    """exclude_modules' entries for a vision tower: modelopt's `visual*` and the plain prefix
+    (vLLM 0.10-0.11 match entries as substrings, so `visual*` matches nothing there)."""
+    plain = prefixes[0].rstrip(".")
+    return [f"{plain}*", plain]
+
+
+def quantization(
+    mode: Mode, exclude_modules: list[str], *, tower: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(hf_quant_config.json, config.json's quantization_config) of a quantized checkpoint, as
+    modelopt 0.47's export_hf_checkpoint writes them for FP8; None for a float one. The
+    producer is trt-builder: TensorRT-LLM does not read it, and vLLM reads config.json's
+    quantization_config first (its hf_quant_config.json path alone asks for modelopt). With a
+    vision `tower`, config.json lists the exclusions under `exclude_modules` too: vLLM
+    0.10-0.11 read that key there, not `ignore` (the language model's lm_head and embedding
+    are never quantized there, so without a tower the file stays modelopt's)."""
+    quant_algo, kv_cache_quant_algo = mode.quant_algo, mode.kv_cache_quant_algo
+    if quant_algo is None:  # TensorRT-LLM's LLM API refuses a pre-quantized one without it
+        return None
+    from .... import __version__
+
+    producer = {"name": "trt-builder", "version": __version__}
+    hf_quant = {
+        "producer": producer,
+        "quantization": {
+            "quant_algo": quant_algo,
+            "kv_cache_quant_algo": kv_cache_quant_algo,
+            "exclude_modules": exclude_modules,
+        },
+    }
+    config: dict[str, Any] = dict(mode.hf_config_groups())
+    config.update(ignore=exclude_modules, quant_algo=quant_algo)
+    if tower:
+        config["exclude_modules"] = exclude_modules
+    if mode.kv_cache in KV_SCHEME:
+        config["kv_cache_scheme"] = KV_SCHEME[mode.kv_cache]
+    config.update(producer=producer, quant_method="modelopt")
+    return hf_quant, config
+
+
+def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(TensorRT-LLM config, TP=1 tensors) of a Hugging Face checkpoint's language model (a
+    vision tower is not read), as the PyTorch backend would run it: fused q/k/v and gate/up whose shards have different weight scales are
+    requantized to the largest (TensorRT-LLM's FP8QDQLinearMethod), the fused input scale is
+    the largest, and the FP8 KV cache's scale is 1.0: TensorRT-LLM's PyTorch backend does not
+    read k_scale and v_scale (docs/llmapi.md)."""
+    hf_config = json.loads((directory / "config.json").read_text())
+    family = family_for(hf_config)
+    stored: dict[str, torch.Tensor] = {}
+    for path in weight_files(directory):
+        with safe_open(str(path), framework="pt") as fh:
+            names = [n for n in fh.keys() if not n.startswith(family.vision_tower)]  # noqa: SIM118
+            stored.update({name: fh.get_tensor(name) for name in names})
+    quant = hf_quantization(directory, hf_config)
+    rules = list(family.tensors(hf_config, set(stored)))
+    tensors: dict[str, torch.Tensor] = {}
+    for rule in rules:
+        try:
+            parts = [stored[s].t() if rule.transpose else stored[s] for s in rule.sources]
+        except KeyError as exc:
+            raise InputError(
+                f"{directory} lacks tensor {exc}: it is not a whole checkpoint"
+            ) from None
+        if parts[0].dtype == torch.int8:  # W8A16: INT8 values and a scale per output row
+            rows = [stored[f"{_base(s)}.weight_scale"].float().reshape(-1) for s in rule.sources]
+            tensors[_base(rule.name) + WEIGHT_SCALE] = torch.cat(rows)
+        if parts[0].dtype == E4M3:
+            base = _base(rule.name)
+            scales = [stored[f"{_base(s)}.weight_scale"].float().reshape(1) for s in rule.sources]
+            inputs = [stored[f"{_base(s)}.input_scale"].float().reshape(1) for s in rule.sources]
+            shared = torch.stack(scales).amax(0)
+            if any(not torch.equal(s, shared) for s in scales):
+                parts = [to_e4m3(p.float() * s, shared) for p, s in zip(parts, scales, strict=True)]
+            tensors[f"{base}.weights_scaling_factor"] = shared
+            tensors[f"{base}.activation_scaling_factor"] = torch.stack(inputs).amax(0)
+        tensors[rule.name] = torch.cat(parts) if len(parts) > 1 else parts[0]
+    dtype = str(tensors["transformer.vocab_embedding.weight"].dtype).removeprefix("torch.")
+    if mode_of(quant, dtype).kv_fp8:
+        for name in [r.name for r in rules if r.name.endswith(".attention.qkv.weight")]:
+            key = name.removesuffix("qkv.weight") + "kv_cache_scaling_factor"
+            tensors[key] = torch.ones(1, dtype=torch.float32)
+    kv = quant.get("kv_cache_quant_algo")
+    config = engine_config(
+        family, hf_config, dtype, quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=kv,
+        exclude_modules=quant.get("exclude_modules"),
+    )  # fmt: skip
+    return config, tensors
