@@ -200,18 +200,28 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     ),
 )
 
+#: How long to wait for the lock of a build of the same target (build commands, nightly).
+LOCK_TIMEOUT = click.option(
+    "--lock-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for another build of the same target.",
+)
+
 RUN_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option("--force", is_flag=True, help="Rerun stages even when their cache key matches."),
     click.option(
         "--dry-run", is_flag=True, help="Show what would run (keys, cached or not) and do nothing."
     ),
-    click.option(
-        "--lock-timeout",
-        type=float,
-        default=600.0,
-        show_default=True,
-        help="Seconds to wait for another build of the same target.",
-    ),
+    LOCK_TIMEOUT,
+)
+
+#: The ports a tritonserver listens on (serve, serve-command).
+PORT_OPTIONS: tuple[Callable[[F], F], ...] = (
+    click.option("--http-port", type=int, default=8000, show_default=True),
+    click.option("--grpc-port", type=int, default=8001, show_default=True),
+    click.option("--metrics-port", type=int, default=8002, show_default=True),
 )
 
 
