@@ -182,35 +182,6 @@ def test_standalone_verify_catches_a_wrong_rotary_base(
     assert json.loads(report.read_text())["passed"] is False
 
 
-@pytest.mark.parametrize(
-    ("args", "code", "needle"),
-    [
-        (["build", "--tp", "0"], 2, "tp must be a positive integer"),
-        (["build", "--dtype", "int4"], 2, "Invalid value for '--dtype'"),
-        (["build", "--model", "/nowhere/model.gguf"], 3, "does not exist: check the --model path"),
-        (
-            ["build", "--model", "nota repo"],
-            3,
-            "is not an existing directory, a .gguf file or a hub repo id",
-        ),
-        (["verify", "--checkpoint", "."], 2, "--reference (the HF model directory) is needed"),
-        (["verify", "--reference", "."], 2, "--checkpoint and --reference go together"),
-        (["verify", "--runtime", "triton", "--reference", "."], 2, "--runtime triton needs --url"),
-        (
-            ["verify", "--runtime", "tensorrt-llm", "--reference", "."],
-            2,
-            "--runtime tensorrt-llm needs --engine DIR",
-        ),
-        (["build", "--revision", "main"], 3, "--revision applies to hub repo ids"),
-    ],
-)
-def test_errors_are_one_line_with_exit_codes(
-    args: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    got, _, err = _cli(capsys, *args)
-    assert got == code and needle in err and "Traceback" not in err
-
-
 def test_unsupported_architecture_and_debug_traceback(
     tiny_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -430,30 +401,6 @@ def test_package_check_validates_an_existing_repository(
     code, _, err = _cli(capsys, "package", "--check", str(repo))
     assert code == 8 and "ensemble ensemble: preprocessing has no input 'QUESTION'" in err
     assert len(err.strip().splitlines()) == 1
-
-
-def test_output_options_are_read_from_the_command_not_from_the_raw_arguments(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """`--json` and `--debug` are options of the command: a prompt that reads "--json" is a
-    prompt, and the error stays one line on stderr with nothing on stdout."""
-    url = "http://127.0.0.1:9"  # nothing listens there
-    assert main(["infer", "--url", url, "--prompt", "--json"]) == 3
-    out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: cannot reach Triton") and "Traceback" not in err
-    assert main(["infer", "--url", url, "--prompt", "hi", "--json", "--debug"]) == 3
-    out, err = capsys.readouterr()
-    assert json.loads(out) == {"ok": False, "exit_code": 3, "error": err.splitlines()[-1][7:]}
-    assert "Traceback" in err
-
-
-def test_infer_without_a_server_or_a_prompt_names_the_fix(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["infer", "--url", "http://127.0.0.1:9", "--prompt", "x", "--timeout", "2"]) == 3
-    assert "cannot reach Triton at http://127.0.0.1:9" in capsys.readouterr().err
-    assert main(["infer", "--url", "http://127.0.0.1:9"]) == 3
-    assert "give one of --prompt and --messages" in capsys.readouterr().err
 
 
 def test_sq_alpha_auto_is_the_default_it_is_documented_as(
