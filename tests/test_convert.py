@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import edit_json
 from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.convert.model import convert_model
 from trt_builder.core.digests import sha256_file
 from trt_builder.core.errors import ConversionError, UnsupportedModelError
 from trt_builder.modes import FloatMode, WeightOnlyInt8
@@ -224,7 +225,7 @@ def test_int8_wo_clipping_refuses_statistics_without_mean_squares(
     save_file({"model.layers.0.self_attn.q_proj.input_absmax": torch.ones(64)},
               str(tmp_path / "cal" / "calibration.safetensors"))  # fmt: skip
     with pytest.raises(ConversionError, match=r"no input_sqmean .* calibrate --force\)$"):
-        convert_checkpoint(
-            tiny_llama, tmp_path / "ck", WeightOnlyInt8(), calibration=tmp_path / "cal"
+        convert_model(
+            WeightOnlyInt8(), tiny_llama, tmp_path / "ck", tp=1, pp=1, calibration=tmp_path / "cal"
         )
     assert not (tmp_path / "ck").exists()

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trt_builder.calibrate.corpus import load_texts, make_samples
 from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
 from trt_builder.convert import floats
-from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.convert.model import convert_model
 from trt_builder.convert.plan import plan_conversion
 from trt_builder.convert.write import load_sources
 from trt_builder.modes import WeightOnlyInt8
@@ -38,7 +38,7 @@ def calibrated(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def _convert(hf: Path, tmp: Path, mode: WeightOnlyInt8, calibration: Path) -> tuple[dict, dict]:
     tmp.mkdir(parents=True)
-    summary = convert_checkpoint(hf, tmp, mode, calibration=calibration)
+    summary = convert_model(mode, hf, tmp, tp=1, pp=1, calibration=calibration)
     return summary, load_file(tmp / "rank0.safetensors")
 
 
@@ -148,7 +148,9 @@ def test_row_parallel_slices_are_clipped_each_on_its_own(
     """With tp 2 each rank quantizes its half of dense's columns: each half of a row is clipped
     to a grid ratio of its own absmax."""
     (tmp_path / "tp2").mkdir()
-    convert_checkpoint(tiny_llama, tmp_path / "tp2", WeightOnlyInt8(), tp=2, calibration=calibrated)
+    convert_model(
+        WeightOnlyInt8(), tiny_llama, tmp_path / "tp2", tp=2, pp=1, calibration=calibrated
+    )
     dense = "transformer.layers.0.attention.dense.weight"
     original = _sources(tiny_llama, WeightOnlyInt8(), calibrated)[dense]
     ratios = [

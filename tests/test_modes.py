@@ -33,10 +33,11 @@ LLMAPI = {"float16-llmapi-tp1-pp1": "float16-tp1-pp1", "fp8-llmapi-tp1-pp1": "fp
 KV_CACHE_POINTS = 0.5
 
 
-#: Each row's verify figures as measured on the CPU machine (2 cores, 2026-12-06): prompt-set
-#: top-1 and mean KL, and the held-out perplexity increase (%, decoded through a quantized KV
-#: cache). A converter, runtime or recipe that drifts moves them; a loosened gate does not pass
-#: unseen (and tests/test_spec.py holds the gates to docs/verify.md).
+#: Each row's verify figures as measured on the CPU machine (2 cores, 2026-12-06, an Intel Xeon
+#: with AVX-512 FP16 and AMX, as CI's was that day): prompt-set top-1 and mean KL, and the
+#: held-out perplexity increase (%, decoded through a quantized KV cache). A converter, runtime
+#: or recipe that drifts moves them; a loosened gate does not pass unseen (and
+#: tests/test_spec.py holds the gates to docs/verify.md).
 MEASURED: dict[str, tuple[float, float, float]] = {
     "auto-tp1-pp1": (1.0000, 1.52e-05, 0.022),
     "bfloat16-tp1-pp1": (0.9855, 0.00121, 0.025),
@@ -45,31 +46,42 @@ MEASURED: dict[str, tuple[float, float, float]] = {
     "float16-llmapi-tp1-pp1": (1.0000, 1.52e-05, 0.022),
     "float16-tp1-pp1": (1.0000, 1.52e-05, 0.022),
     "float32-tp1-pp1": (1.0000, 7.37e-12, 0.000),
-    "fp8-fp8kv-llmapi-tp1-pp1": (0.9007, 0.0415, 2.076),
-    "fp8-fp8kv-tp1-pp1": (0.9007, 0.0415, 2.076),
-    "fp8-llmapi-tp1-pp1": (0.9007, 0.0415, 1.631),
-    "fp8-nosearch-tp1-pp1": (0.9080, 0.0537, 1.467),
-    "fp8-tp1-pp1": (0.9007, 0.0415, 1.631),
-    "int8-sq-kv8-tp1-pp1": (0.9443, 0.0175, 1.196),
-    "int8-sq-static-tp1-pp1": (0.8232, 0.123, 3.767),
-    "int8-sq-tp1-pp1": (0.9298, 0.0166, 0.967),
-    "int8-sq-tp3-pp1": (0.9298, 0.0166, 0.967),
+    "fp8-fp8kv-llmapi-tp1-pp1": (0.8814, 0.0367, 1.584),
+    "fp8-fp8kv-tp1-pp1": (0.8814, 0.0367, 1.584),
+    "fp8-llmapi-tp1-pp1": (0.8814, 0.0367, 1.171),
+    "fp8-nosearch-tp1-pp1": (0.9031, 0.0498, 2.210),
+    "fp8-tp1-pp1": (0.8814, 0.0367, 1.171),
+    "int8-sq-kv8-tp1-pp1": (0.9395, 0.0190, 1.489),
+    "int8-sq-static-tp1-pp1": (0.8378, 0.1253, 2.502),
+    "int8-sq-tp1-pp1": (0.9516, 0.0184, 1.213),
+    "int8-sq-tp3-pp1": (0.9516, 0.0184, 1.213),
     "int8-wo-kv8-tp1-pp1": (0.9782, 0.00442, 0.461),
     "int8-wo-llmapi-tp1-pp1": (0.9637, 0.00477, -0.204),
     "int8-wo-noclip-tp1-pp1": (0.9782, 0.00498, 0.615),
     "int8-wo-tp1-pp1": (0.9782, 0.00435, 0.246),
 }
-#: How far a figure may move on another CPU (its float32 GEMMs round otherwise): top-1 by 5 of
+#: How far a figure may move on another CPU, whose float32 sums round otherwise: top-1 by 5 of
 #: the prompt set's 413 tokens, KL by 30% (and 1e-6), the perplexity increase by 0.3 point.
-TOP1_TOLERANCE, KL_TOLERANCE, PPL_TOLERANCE = 0.012, 0.3, 0.3
+TOLERANCE = (0.012, 0.3, 0.3)
+#: The same where the mode quantizes activations (SmoothQuant, FP8): a sum an ulp apart lands
+#: on the other INT8 or e4m3 neighbour now and then and the flip carries through the layers, and
+#: the recipe search can choose otherwise on a near tie. Measured (docs/benchmarks.md, "How far
+#: verify's figures move"): one FP8 checkpoint moves by up to 12 tokens of top-1, 8% of KL and
+#: 0.8 point of perplexity with the kernels alone (benchmarks/verify_spread.py), and the same
+#: builds on the other CPU these machines have had differed by up to 9 tokens, 13% of
+#: KL and 1.3 points (int8-sq-static's alpha search, most likely, chose otherwise there).
+QUANTIZED_ACTIVATIONS_TOLERANCE = (0.04, 0.3, 1.5)
 
 
-def _as_measured(variant: str, report: dict[str, Any]) -> None:
+def _as_measured(variant: str, report: dict[str, Any], checkpoint: Path) -> None:
     top1, kl, ppl = MEASURED[variant]
+    tol = TOLERANCE
+    if checkpoint_mode(checkpoint).activations is not None:
+        tol = QUANTIZED_ACTIVATIONS_TOLERANCE
     got = (report["top1"], report["kl_mean"], report["perplexity"]["delta_pct"])
-    assert abs(got[0] - top1) <= TOP1_TOLERANCE, (variant, got, MEASURED[variant])
-    assert abs(got[1] - kl) <= KL_TOLERANCE * kl + 1e-6, (variant, got, MEASURED[variant])
-    assert abs(got[2] - ppl) <= PPL_TOLERANCE, (variant, got, MEASURED[variant])
+    assert abs(got[0] - top1) <= tol[0], (variant, got, MEASURED[variant])
+    assert abs(got[1] - kl) <= tol[1] * kl + 1e-6, (variant, got, MEASURED[variant])
+    assert abs(got[2] - ppl) <= tol[2], (variant, got, MEASURED[variant])
 
 
 def _choices(name: str) -> set[str]:
@@ -143,7 +155,7 @@ def test_every_mode_builds_through_verify_and_package(
     # figures this row measured
     gate = gate_for(checkpoint_mode(checkpoint))
     assert report["passed"] and report["failures"] == [] and report["diagnosis"] == []
-    _as_measured(variant, report)
+    _as_measured(variant, report, checkpoint)
     assert report["top1"] >= gate.min_top1 and report["kl_mean"] <= gate.max_kl
     assert gate.max_ppl_delta_pct is not None
     assert report["perplexity"]["delta_pct"] <= gate.max_ppl_delta_pct
@@ -190,7 +202,7 @@ def test_the_llmapi_target_builds_through_verify_and_package_with_the_engine_tar
     report = json.loads((cwd / result["variant_dir"] / "reports" / "verify.json").read_text())
     gate = gate_for(checkpoint_mode(checkpoint))
     assert report["passed"] and report["top1"] >= gate.min_top1 and report["kl_mean"] <= gate.max_kl
-    _as_measured(variant, report)
+    _as_measured(variant, report, checkpoint)
     repo = cwd / result["triton_repository"]
     assert [p.parent.name for p in repo.glob("*/config.pbtxt")] == ["tensorrt_llm"]
     assert len(list(repo.glob("tensorrt_llm/*/model.yaml"))) == 1

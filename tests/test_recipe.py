@@ -144,12 +144,12 @@ def test_a_handed_over_model_does_not_outlive_the_next_stage(
     import weakref
 
     from trt_builder.calibrate import stats
-    from trt_builder.convert import model as convert_model_module
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
+    from trt_builder.targets.engine import convert as engine_convert
 
     refs: list[weakref.ref[torch.nn.Module]] = []
-    real_load, real_convert = stats.load_hf_model, convert_model_module.convert_model
+    real_load, real_convert = stats.load_hf_model, engine_convert.convert_model
 
     def load(*args: object, **kwargs: object) -> torch.nn.Module:
         refs.append(weakref.ref(model := real_load(*args, **kwargs)))
@@ -162,7 +162,7 @@ def test_a_handed_over_model_does_not_outlive_the_next_stage(
 
     alive: list[bool] = []
     monkeypatch.setattr(stats, "load_hf_model", load)
-    monkeypatch.setattr(convert_model_module, "convert_model", convert)
+    monkeypatch.setattr(engine_convert, "convert_model", convert)
     spec = make_spec(model=str(tiny_llama), dtype="int8-wo", out=tmp_path / "e", triton_root=tmp_path / "t",
                      **{"calibrate.samples": 8, "calibrate.seq_len": 64})  # fmt: skip
     statuses = {r.name: r.status for r in run(spec, only=("fetch", "calibrate", "convert")).records}

@@ -528,7 +528,7 @@ def test_a_failed_publish_leaves_the_current_version(
 ) -> None:
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
-    from trt_builder.triton import stage as package_stage
+    from trt_builder.targets.engine import triton as engine_repository
     from trt_builder.triton.repository import current_version
 
     def spec(**flags: object):  # type: ignore[no-untyped-def]
@@ -543,7 +543,7 @@ def test_a_failed_publish_leaves_the_current_version(
         (work / "ensemble" / "config.pbtxt").write_text("half written")
         raise PackageError("injected failure while writing")
 
-    monkeypatch.setattr(package_stage, "write_repository", broken)
+    monkeypatch.setattr(engine_repository, "write_repository", broken)
     with pytest.raises(PackageError, match="injected"):
         run(spec(**{"triton.streaming": True}), only=("package",))
     assert current_version(link) == 1

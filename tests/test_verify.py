@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from trt_builder.checkpoint.reader import read_checkpoint
 from trt_builder.convert.floats import convert_checkpoint
+from trt_builder.convert.model import convert_model
 from trt_builder.modes import FloatMode, WeightOnlyInt8, gate_for
 from trt_builder.verify.compare import verify_checkpoint
 from trt_builder.verify.diagnose import check_static
@@ -155,7 +156,9 @@ def clipped(
     cwd, result = default_build
     calibration = next(s["output"] for s in result["stages"] if s["name"] == "calibrate")
     out = tmp_path_factory.mktemp("smollm2-int8-wo")
-    summary = convert_checkpoint(smollm2_hf, out, WeightOnlyInt8(), calibration=cwd / calibration)
+    summary = convert_model(
+        WeightOnlyInt8(), smollm2_hf, out, tp=1, pp=1, calibration=cwd / calibration
+    )
     assert summary["weight_clipping"]["clipped"] > 0  # rows were clipped: the case at hand
     return out
 
