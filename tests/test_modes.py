@@ -20,7 +20,8 @@ from mode_matrix import MATRIX
 
 from trt_builder.cli.main import cli
 from trt_builder.engine.build import find_toolchain
-from trt_builder.modes import KV_PPL_POINTS, checkpoint_mode, gate_for
+from trt_builder.modes import KV_PPL_POINTS, checkpoint_mode, gate_for, mode_of
+from trt_builder.modes.quantization import checkpoint_quantization
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ QUANTIZED_ACTIVATIONS_TOLERANCE = (0.04, 0.3, 1.5)
 def _as_measured(variant: str, report: dict[str, Any], checkpoint: Path) -> None:
     top1, kl, ppl = MEASURED[variant]
     tol = TOLERANCE
-    if checkpoint_mode(checkpoint).activations is not None:
+    if mode_of(*checkpoint_quantization(checkpoint)).activations is not None:
         tol = QUANTIZED_ACTIVATIONS_TOLERANCE
     got = (report["top1"], report["kl_mean"], report["perplexity"]["delta_pct"])
     assert abs(got[0] - top1) <= tol[0], (variant, got, MEASURED[variant])
