@@ -119,6 +119,22 @@ def test_runtime_evidence() -> None:
     )
 
 
+def test_only_a_candidate_that_followed_the_reference_to_its_end_says_the_end_ids_are_wrong() -> (
+    None
+):
+    """verify's prompt records (verify/compare.py): a candidate that produced the reference's
+    tokens up to its end token and went on points at the end ids; one whose greedy text parted
+    earlier (a 4-bit mode's, measured on the default model) says nothing about them."""
+    followed = {"prompt": "Hi", "reference_ended": True, "candidate_ended": False,
+                "greedy_tokens": 5, "greedy_match_tokens": 5}  # fmt: skip
+    parted = {**followed, "prompt": "Yo", "greedy_match_tokens": 2}
+    (finding,) = end_findings([followed, parted], {2})
+    assert finding.cause == "end-of-sequence ids: the output never ends"
+    assert "the reference ends 1 prompt(s)" in finding.evidence
+    assert end_findings([parted], {2}) == []
+    assert end_findings([followed, {**followed, "candidate_ended": True}], {2}) == []
+
+
 # -- INT8 weight-only clipping: the rule the checkpoint records, not equality -----------------
 
 CLIP_GEN = torch.Generator().manual_seed(1)

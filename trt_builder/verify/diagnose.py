@@ -477,8 +477,12 @@ def end_findings(prompts: list[dict[str, Any]], stop: set[int]) -> list[Finding]
                 f"end ids {sorted(stop)} come from the tokenizer and generation_config.json",
             )
         )
-    runaway = [p for p in prompts if p.get("reference_ended") and not p.get("candidate_ended")]
-    if runaway and len(runaway) == sum(1 for p in prompts if p.get("reference_ended")):
+    # evidence only where the candidate followed the reference up to its end token: one that
+    # parted earlier (a lossy mode's greedy text) need not end where the reference does
+    followed = [p for p in prompts if p.get("reference_ended")
+                and p.get("greedy_match_tokens", 0) >= p.get("greedy_tokens", 0) - 1]  # fmt: skip
+    runaway = [p for p in followed if not p.get("candidate_ended")]
+    if runaway and len(runaway) == len(followed):
         findings.append(
             Finding(
                 "end-of-sequence ids: the output never ends",
