@@ -23,6 +23,8 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "fp8-fp8kv-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8"),
     "fp8-nosearch-tp1-pp1": ("--dtype", "fp8", "--no-fp8-search"),
     "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
+    "int4-awq-tp1-pp1": ("--dtype", "int4-awq"),
+    "int4-awq-fp8kv-tp1-pp1": ("--dtype", "int4-awq", "--kv-cache", "fp8"),
     # --target llmapi: the Hugging Face checkpoint and the llmapi repository (docs/llmapi.md)
     "float16-llmapi-tp1-pp1": ("--dtype", "float16", "--target", "llmapi"),
     "fp8-llmapi-tp1-pp1": ("--dtype", "fp8", "--target", "llmapi"),

@@ -42,7 +42,11 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     b200 = doctor.inspect(tmp_path)["engine"]
     assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
     assert list(b200) == ["float16", "bfloat16", "float32", "int8", "int8-wo", "kv-cache int8",
-                          "fp8", "kv-cache fp8"]  # fmt: skip
+                          "fp8", "kv-cache fp8", "int4-awq"]  # fmt: skip
+    assert (
+        b200["int4-awq"]
+        == "no: TensorRT-LLM builds INT4 weights on SM 80-90 (Ampere, Ada, Hopper), this GPU is SM 100"
+    )
     assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m]
                for m in ("int8-wo", "int8", "kv-cache int8"))  # fmt: skip
     assert b200["fp8"] == "yes" and b200["kv-cache fp8"] == "yes"
@@ -51,7 +55,8 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert "bfloat16 needs SM 80" in t4["bfloat16"]
     assert all(t4[m] == "no: FP8 needs SM 89 or newer, this GPU is SM 75"
                for m in ("fp8", "kv-cache fp8"))  # fmt: skip
-    assert [m for m, said in t4.items() if said != "yes"] == ["bfloat16", "fp8", "kv-cache fp8"]
+    assert [m for m, said in t4.items() if said != "yes"] == ["bfloat16", "fp8", "kv-cache fp8",
+                                                              "int4-awq"]  # fmt: skip
     host.setenv("FAKE_SMI_GPUS", "")
     assert doctor.inspect(tmp_path)["engine"]["float16"] == "no: no NVIDIA GPU visible"
     host.setattr(

@@ -60,6 +60,8 @@ MEASURED: dict[str, tuple[float, float, float]] = {
     "int8-wo-llmapi-tp1-pp1": (0.9637, 0.00477, -0.204),
     "int8-wo-noclip-tp1-pp1": (0.9782, 0.00498, 0.615),
     "int8-wo-tp1-pp1": (0.9782, 0.00435, 0.246),
+    "int4-awq-tp1-pp1": (0.7143, 0.5516, 19.174),
+    "int4-awq-fp8kv-tp1-pp1": (0.7143, 0.5516, 19.628),
 }
 #: How far a figure may move on another CPU, whose float32 sums round otherwise: top-1 by 5 of
 #: the prompt set's 413 tokens, KL by 30% (and 1e-6), the perplexity increase by 0.3 point.
@@ -225,7 +227,8 @@ def test_the_llmapi_target_builds_through_verify_and_package_with_the_engine_tar
                             ("int8-wo-kv8-tp1-pp1", "int8-wo-tp1-pp1"),
                             ("float16-kv8-tp1-pp1", "float16-tp1-pp1"),
                             ("fp8-fp8kv-tp1-pp1", "fp8-tp1-pp1"),
-                            ("float16-fp8kv-tp1-pp1", "float16-tp1-pp1")]
+                            ("float16-fp8kv-tp1-pp1", "float16-tp1-pp1"),
+                            ("int4-awq-fp8kv-tp1-pp1", "int4-awq-tp1-pp1")]
 )  # fmt: skip
 def test_a_quantized_kv_cache_costs_at_most_its_budget_of_perplexity(
     with_cache: str, without: str, matrix: Any, default_build: tuple[Path, Any]

@@ -109,6 +109,12 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
         "error-compensated or to nearest, by accuracy on held-apart text (default), or every "
         "weight is rounded to nearest, as modelopt writes it (no recipe stage).",
     ),
+    click.option(
+        "--group-size",
+        type=int,
+        help="For --dtype int4-awq: input channels per INT4 scale (default: 128 where every "
+        "quantized linear's input divides by it, else 64).",
+    ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),
     click.option(
@@ -279,5 +285,5 @@ SPEC_KEYS: dict[str, str] = {
     "calib_samples": "calibrate.samples", "calib_seq_len": "calibrate.seq_len", "calib_seed": "calibrate.seed",
     "calib_batch_size": "calibrate.batch_size", "calib_device": "calibrate.device", "kv_cache": "kv_cache",
     "sq_alpha": "int8.alpha", "sq_granularity": "int8.granularity", "wo_clip": "int8.wo_clip",
-    "fp8_search": "fp8.search",
+    "fp8_search": "fp8.search", "group_size": "int4.group_size",
 }  # fmt: skip

@@ -55,6 +55,14 @@ class LayerJob:
     dtype: torch.dtype
     mapping: Mapping
     device: str
+    #: What a rank's part of a tensor becomes in its file (name on the rank, the part): INT4
+    #: weights are packed per rank, after the split (None: as it is).
+    per_rank: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+
+    def _final(self, local: str, pieces: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.per_rank is None:
+            return pieces
+        return [self.per_rank(local, pieces[0] if len(pieces) == 1 else torch.cat(pieces))]
 
     def layer(self, i: int, read: Any) -> dict[str, torch.Tensor]:
         """Layer i's checkpoint tensors, from its float tensors as `read` gives them."""
@@ -83,8 +91,9 @@ class LayerJob:
 
         def add(name: str, t: torch.Tensor) -> None:
             for rank, local, pieces in shard(name, [t], self.mapping):
-                shape = (sum(p.shape[0] for p in pieces), *pieces[0].shape[1:])
-                plans[rank][local] = (t.dtype, shape)
+                final = self._final(local, pieces)
+                shape = (sum(p.shape[0] for p in final), *final[0].shape[1:])
+                plans[rank][local] = (final[0].dtype, shape)
 
         for rule in self.others[:1]:  # the embedding first, as in the float layout
             add(rule.name, torch.empty(rule.shape, dtype=self.dtype, device="meta"))
@@ -111,7 +120,7 @@ class LayerJob:
 
         def put(name: str, parts: list[torch.Tensor], check: Any = None) -> None:
             for rank, local, pieces in shard(name, parts, self.mapping):
-                writers[rank].write(local, pieces, check)
+                writers[rank].write(local, self._final(local, pieces), check)
 
         for rule in self.others[:1]:
             put(rule.name, load_sources(rule, self.index), checker(rule, self.dtype))

@@ -16,6 +16,7 @@ from ..spec.gpus import FEATURES
 from .base import Mode, ModeOptions, WeightStorage
 from .floats.spec import FLOAT_DTYPES, FloatMode
 from .fp8.spec import Fp8
+from .int4_awq.spec import Int4Awq, check_group_size
 from .kvcache.spec import (
     KV_CACHE_CHOICES,
     KV_DOCTOR,
@@ -29,7 +30,7 @@ from .smoothquant.spec import GRANULARITIES, SmoothQuant, check_alpha
 from .weight_only.spec import WeightOnlyInt8
 
 #: The rooms, in the order --dtype lists their choices.
-ROOMS: tuple[type[Mode], ...] = (FloatMode, SmoothQuant, WeightOnlyInt8, Fp8)
+ROOMS: tuple[type[Mode], ...] = (FloatMode, SmoothQuant, WeightOnlyInt8, Fp8, Int4Awq)
 QuantMode = Mode
 
 DTYPE_CHOICES = tuple(choice for room in ROOMS for choice in room.CHOICES)
@@ -47,8 +48,8 @@ DOCTOR_ROWS: dict[str, tuple[str, ...]] = dict(sorted(
 __all__ = [
     "DEFAULT_GATES", "DOCTOR_ROWS", "DTYPE_CHOICES", "DTYPE_HELP", "FLOAT_DTYPES",
     "GRANULARITIES", "KV_CACHE_CHOICES", "KV_PPL_POINTS", "KV_SUFFIX", "ROOMS", "Fp8",
-    "FloatMode", "Mode", "ModeOptions", "QuantMode", "SmoothQuant", "WeightOnlyInt8",
-    "WeightStorage", "check_alpha", "checkpoint_mode", "gate_for", "mode_for", "mode_of",
+    "FloatMode", "Int4Awq", "Mode", "ModeOptions", "QuantMode", "SmoothQuant", "WeightOnlyInt8",
+    "WeightStorage", "check_alpha", "check_group_size", "checkpoint_mode", "gate_for", "mode_for", "mode_of",
     "quant_algos_loaded_by",
 ]  # fmt: skip
 

@@ -38,6 +38,7 @@ class ModeOptions:
     granularity: str = "per-token"  # SmoothQuant: per-token or per-tensor
     wo_clip: bool = True  # weight-only INT8: calibrated clipping
     fp8_search: bool = True  # FP8: the searched rounding
+    group_size: int = 0  # INT4: the group size (0: as the model takes it)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,11 @@ class Mode(KVCache, ABC):
 
     def kv_refusal(self) -> str | None:
         """Why this mode is not built with its KV cache, or None."""
+        return None
+
+    def parallel_refusal(self, tp: int, pp: int) -> str | None:
+        """Why this mode is not built at `tp` x `pp`, or None (the model's own limits are
+        checked against its config: checkpoint/mapping.py)."""
         return None
 
     def target_refusal(self, target: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import int4
 from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
@@ -137,6 +138,8 @@ class CheckpointRuntime:
         self.per_token = self.mode.dynamic_activations
         # INT8 weights and float activations (W8A16): the builder rounds the float weights
         self.weight_only = self.mode.weights is not None and self.mode.activations is None
+        # INT4 weights in groups (W4A16 AWQ): unpacked and dequantized as the GEMM does
+        self.int4 = self.mode.weights is not None and self.mode.weights.name == "int4"
         self.kv_int8, self.kv_fp8 = self.mode.kv_int8, self.mode.kv_fp8
         self.w = {k: v.to(device) for k, v in weights.items()}
         attention = AttentionShape.of(config)
@@ -176,6 +179,9 @@ class CheckpointRuntime:
             return w.float()  # exact integers; the scales are applied around the GEMM
         if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
             return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
+        if w.dtype == torch.int8 and self.int4:
+            scales = self.w[name.removesuffix(".weight") + ".weights_scaling_factor"]
+            return int4.dequantize(int4.unpack_rows(w), scales, self.dtype)
         if w.dtype == torch.int8 and self.weight_only and name.endswith(WEIGHT_ONLY_LINEARS):
             scale = self.w.get(name.removesuffix(".weight") + WEIGHT_SCALE)
             if scale is not None:  # the llmapi checkpoint's INT8 values: as its GEMM reads them
@@ -200,6 +206,9 @@ class CheckpointRuntime:
         if self.w[name + ".weight"].dtype == E4M3:
             return self._fp8_linear(x, name, fixed=fixed)
         weight = self._dense[name + ".weight"]
+        pre_quant = self._dense.get(name + ".prequant_scaling_factor")
+        if pre_quant is not None:  # AWQ's input scale, applied in the model dtype
+            x = self._round(x * pre_quant)
         y = _fixed_rows_matmul(x, weight) if fixed else x @ weight.T
         bias = self._dense.get(name + ".bias")
         return self._round(y if bias is None else y + bias)

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SpecError
-from ..modes import DTYPE_CHOICES, Mode, ModeOptions, check_alpha, gate_for, mode_for
+from ..modes import (
+    DTYPE_CHOICES,
+    Mode,
+    ModeOptions,
+    check_alpha,
+    check_group_size,
+    gate_for,
+    mode_for,
+)
 from ..modes.kvcache.spec import KV_NEEDS
 from ..targets import Target, target_for
 from .gates import Gate
@@ -149,6 +157,19 @@ class Fp8Options:
 
 
 @dataclass(frozen=True)
+class Int4Options:
+    """INT4 weights (--dtype int4-awq): the group size, 0 for 128 where the model takes it, else
+    64 (modes/int4_awq/spec.py)."""
+
+    group_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool):
+            raise SpecError(f"int4.group_size must be 64 or 128, got {self.group_size!r}")
+        check_group_size(self.group_size)
+
+
+@dataclass(frozen=True)
 class TritonOptions:
     """The Triton deployment: streaming (decoupled) or not, the KV cache's share of free GPU
     memory, how many published versions to keep, and where the serving container sees the
@@ -248,6 +269,7 @@ class BuildSpec:
     kv_cache: str = "model"  # int8 or fp8: a quantized KV cache (calibrated)
     int8: Int8Options = field(default_factory=lambda: Int8Options())
     fp8: Fp8Options = field(default_factory=lambda: Fp8Options())
+    int4: Int4Options = field(default_factory=lambda: Int4Options())
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -282,7 +304,13 @@ class BuildSpec:
                 "need SM 89 or newer: L4, L40S, H100, H200, B200): use --dtype int8 or "
                 "float16 there, with --kv-cache int8 or model"
             )
-        refusal = mode.kv_refusal() or target.refusal(mode, self.dtype)
+        if lacking:  # a feature without its own message above
+            raise SpecError(
+                f"--target-gpu {self.target_gpu}: {FEATURES[lacking[0]].why.format(sm=sm)} "
+                f"(--dtype {self.dtype}): target another GPU (doctor lists what each runs)"
+            )
+        refusal = (mode.kv_refusal() or mode.parallel_refusal(self.tp, self.pp)
+                   or target.refusal(mode, self.dtype))  # fmt: skip
         if refusal:
             raise SpecError(refusal)
         gemm = self.engine.gemm_plugin
@@ -296,7 +324,8 @@ class BuildSpec:
     def mode(self) -> Mode:
         alpha = None if self.int8.alpha == "auto" else float(self.int8.alpha)
         options = ModeOptions(alpha=alpha, granularity=self.int8.granularity,
-                              wo_clip=self.int8.wo_clip, fp8_search=self.fp8.search)  # fmt: skip
+                              wo_clip=self.int8.wo_clip, fp8_search=self.fp8.search,
+                              group_size=self.int4.group_size)  # fmt: skip
         return mode_for(self.dtype, kv_cache=self.kv_cache, options=options)
 
     @property
@@ -326,6 +355,7 @@ _SECTIONS = {
     "calibrate": CalibrationOptions,
     "int8": Int8Options,
     "fp8": Fp8Options,
+    "int4": Int4Options,
 }
 _PATH_FIELDS = ("out", "triton_root")
 

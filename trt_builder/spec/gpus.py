@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 
@@ -31,7 +32,7 @@ GPUS: dict[str, GpuSpec] = {
 class Feature:
     """What a mode may need of a GPU (Mode.gpu_needs): the SMs that lack it, and why."""
 
-    lacking: range  # the SMs without it
+    lacking: Container[int]  # the SMs without it
     why: str  # `doctor`'s reason, formatted with the GPU's {sm}
 
     def lacks(self, sm: int) -> bool:
@@ -49,4 +50,10 @@ FEATURES: dict[str, Feature] = {
     # no FP8 GEMM kernel below SM 89; TensorRT-LLM's support matrix lists FP8 (the KV cache
     # included) on SM 89 and up only (docs/quantization.md)
     "fp8": Feature(range(0, 89), "FP8 needs SM 89 or newer, this GPU is SM {sm}"),
+    # TensorRT-LLM's builder.py refuses INT4 as it refuses INT8 on SM 100-119, and its support
+    # matrix lists W4A16 AWQ on Ampere, Ada and Hopper only (docs/quantization.md)
+    "int4": Feature(
+        frozenset(range(0, 80)) | frozenset(range(100, 120)),
+        "TensorRT-LLM builds INT4 weights on SM 80-90 (Ampere, Ada, Hopper), this GPU is SM {sm}",
+    ),
 }
