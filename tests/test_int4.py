@@ -147,7 +147,8 @@ def test_refusals_name_the_fix(tiny_llama: Path, calibrated: Path, tmp_path: Pat
         make_spec(dtype="int4-awq", target="llmapi")
     (tmp_path / "ck").mkdir()
     with pytest.raises(
-        ConversionError, match=r"--group-size 128 does not divide .* use --group-size 64"
+        ConversionError,
+        match=r"--group-size 128 does not fit .* multiples of 128 at --tp 1\): use --group-size 64",
     ):
         convert_model(Int4Awq(group_size=128), tiny_llama, tmp_path / "ck", tp=1, pp=1,
                       calibration=calibrated)  # fmt: skip

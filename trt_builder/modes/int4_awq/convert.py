@@ -54,13 +54,15 @@ EXCLUDED = ["lm_head", "transformer.vocab_embedding"]
 ALPHAS = tuple(i / 10 for i in range(11))
 
 
-def in_features(config: dict[str, Any], tp: int) -> dict[str, int]:
-    """Each quantized linear's input channels per tensor-parallel rank (TensorRT-LLM names)."""
+def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Each quantized linear's (out, in) features, whole (TensorRT-LLM names)."""
     hidden = int(config["hidden_size"])
     attention = AttentionShape.of(config)
     inter = int(config.get("intermediate_size") or 4 * hidden)
-    return {"attention.qkv": hidden, "attention.dense": attention.heads * attention.head_size // tp,
-            "mlp.fc": hidden, "mlp.proj": inter // tp}  # fmt: skip
+    q = attention.heads * attention.head_size
+    qkv = q + 2 * attention.kv_heads * attention.head_size
+    return {"attention.qkv": (qkv, hidden), "attention.dense": (hidden, q),
+            "mlp.fc": (inter, hidden), "mlp.proj": (hidden, inter)}  # fmt: skip
 
 
 def _awq_scale(
@@ -128,7 +130,7 @@ def convert_int4_awq(
     with ExitStack() as stack:
         stack.enter_context(index)  # closed on every way out, refusals included
         try:
-            group = mode.group_for(in_features(config, tp), tp)
+            group = mode.group_for(linear_shapes(config), tp)
         except SpecError as exc:
             raise ConversionError(str(exc)) from None
         stats = load_stats(calibration)

@@ -30,8 +30,8 @@ def int4_storage(group: int) -> WeightStorage:
 @dataclass(frozen=True)
 class Int4Awq(Mode):
     """W4A16 AWQ (`quant_algo: W4A16_AWQ`): signed INT4 weights, one scale per group of
-    `group_size` input channels of a row (0: 128 where every quantized linear's input, split
-    across tensor-parallel ranks, divides by it, else 64), and per input channel AWQ's
+    `group_size` input channels of a row (0: 128 where the model's shapes take it, else 64:
+    group_for), and per input channel AWQ's
     pre-quantization scale, chosen from the calibrated activations so that the channels the
     activations load most lose least to the rounding (modes/int4_awq/convert.py); activations
     stay in `dtype`. qkv, dense, fc, gate and proj are quantized; embeddings, norms and lm_head
@@ -89,25 +89,40 @@ class Int4Awq(Mode):
             )
         return None
 
-    def group_for(self, in_features: dict[str, int], tp: int) -> int:
-        """The group size for a model whose quantized linears take `in_features` (by name, per
-        tensor-parallel rank at `tp`): the one asked for, or the largest that divides them all;
-        SpecError naming the sizes that would do when none does."""
-        fits = [g for g in GROUP_SIZES if all(n % g == 0 for n in in_features.values())]
-        if self.group_size and self.group_size not in fits:
-            bad = next(k for k, n in in_features.items() if n % self.group_size)
+    def group_for(self, shapes: dict[str, tuple[int, int]], tp: int) -> int:
+        """The group size for a model whose quantized linears are `shapes` (by name: out and in
+        features, whole), split at `tp`: the one asked for, or the largest that fits. A size
+        fits where every linear's in and out features are multiples of max(64, size) x tp:
+        TensorRT-LLM's WeightOnlyGroupwiseQuantLinear pads other sizes up to that multiple
+        (quantization/layers.py), which no checkpoint of ours holds. SpecError naming the
+        size that would do when the one asked for does not fit, or none does."""
+
+        def fits(group: int) -> bool:
+            multiple = max(64, group) * tp
+            return all(n % multiple == 0 for shape in shapes.values() for n in shape)
+
+        fitting = [g for g in GROUP_SIZES if fits(g)]
+        if self.group_size and self.group_size not in fitting:
+            multiple = max(64, self.group_size) * tp
+            bad = next(k for k, shape in shapes.items() if any(n % multiple for n in shape))
             raise SpecError(
-                f"--group-size {self.group_size} does not divide {bad}'s {in_features[bad]} input "
-                f"channels at --tp {tp}: "
-                + (f"use --group-size {fits[0]}" if fits else "this model takes no INT4 group size")
+                f"--group-size {self.group_size} does not fit {bad} ({shapes[bad][1]} in, "
+                f"{shapes[bad][0]} out features: TensorRT-LLM needs multiples of {multiple} at "
+                f"--tp {tp}): "
+                + (
+                    f"use --group-size {fitting[0]}"
+                    if fitting
+                    else "this model takes no INT4 group size"
+                )
             )
-        if not fits:
-            shapes = ", ".join(f"{k} {n}" for k, n in in_features.items())
+        if not fitting:
+            listed = ", ".join(f"{k} {o}x{i}" for k, (o, i) in shapes.items())
             raise SpecError(
-                f"int4-awq needs every quantized linear's input channels at --tp {tp} to divide "
-                f"by 64 or 128 ({shapes}): use --dtype int8-wo or fp8, or another --tp"
+                f"int4-awq needs every quantized linear's in and out features to be multiples of "
+                f"{64 * tp} at --tp {tp} ({listed}; TensorRT-LLM pads others, which a checkpoint "
+                "cannot hold): use --dtype int8-wo or fp8"
             )
-        return self.group_size or fits[0]
+        return self.group_size or fitting[0]
 
     @property
     def needs_calibration(self) -> bool:
