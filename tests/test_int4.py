@@ -139,8 +139,6 @@ def test_awq_scales_lower_the_calibrated_error_and_the_runtime_runs_them(
 def test_refusals_name_the_fix(tiny_llama: Path, calibrated: Path, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"--kv-cache int8: use --kv-cache fp8"):
         make_spec(dtype="int4-awq", kv_cache="int8")
-    with pytest.raises(SpecError, match=r"--tp 1 so far"):
-        make_spec(dtype="int4-awq", tp=2)
     with pytest.raises(SpecError, match=r"use 64 or 128"):
         make_spec(dtype="int4-awq", **{"int4.group_size": 32})
     with pytest.raises(SpecError, match=r"use --target engine"):
@@ -153,3 +151,47 @@ def test_refusals_name_the_fix(tiny_llama: Path, calibrated: Path, tmp_path: Pat
         convert_model(Int4Awq(group_size=128), tiny_llama, tmp_path / "ck", tp=1, pp=1,
                       calibration=calibrated)  # fmt: skip
     assert list((tmp_path / "ck").iterdir()) == []
+    with pytest.raises(ConversionError, match=r"multiples of 128 at --tp 2 .* use --dtype int8-wo"):
+        convert_model(Int4Awq(), tiny_llama, tmp_path / "ck", tp=2, pp=1, calibration=calibrated)
+
+
+def test_tensor_parallel_ranks_merge_back_into_the_single_rank_checkpoint(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A Llama of hidden 128 (TensorRT-LLM's multiple of 64 x tp at tp 2), group 64 (128 fits
+    tp 1 alone), at tp 2: each rank
+    holds its rows of qkv, fc and gate and its columns of dense and proj, with their group
+    scales, dense's and proj's pre-quantization scales split with their columns, the INT4 rows
+    packed per rank; merged, the ranks are the tp 1 checkpoint bit for bit, and the runtime
+    gives its logits."""
+    from tiny_models import make_tiny_llama
+
+    hf = tmp_path / "hf"
+    make_tiny_llama(hf, tokenizer_dir, hidden_size=128, intermediate_size=256)
+    calibration = tmp_path / "cal"
+    calibration.mkdir()
+    calibrate(hf, calibration, CalibrationOptions(samples=4, seq_len=32))
+    for tp in (1, 2):
+        (tmp_path / f"tp{tp}").mkdir()
+        convert_model(Int4Awq(group_size=64), hf, tmp_path / f"tp{tp}", tp=tp, pp=1,
+                      calibration=calibration)  # fmt: skip
+    one = load_file(tmp_path / "tp1" / "rank0.safetensors")
+    ranks = [load_file(tmp_path / "tp2" / f"rank{r}.safetensors") for r in (0, 1)]
+    dense = "transformer.layers.0.attention.dense"
+    assert ranks[0][f"{dense}.weight"].shape == (64, 64)  # [out / 2, in / 2]: packed, split
+    assert ranks[0][f"{dense}.weights_scaling_factor"].shape == (128, 1)
+    assert torch.equal(ranks[1][f"{dense}.prequant_scaling_factor"],
+                       one[f"{dense}.prequant_scaling_factor"][64:])  # fmt: skip
+    qkv = "transformer.layers.0.attention.qkv"
+    assert ranks[0][f"{qkv}.weight"].shape == (64, 128)  # [(64 + 2 x 32) / 2, 128]
+    assert torch.equal(
+        ranks[0][f"{qkv}.prequant_scaling_factor"], one[f"{qkv}.prequant_scaling_factor"]
+    )
+    from trt_builder.checkpoint.reader import read_checkpoint
+
+    _, merged = read_checkpoint(tmp_path / "tp2")
+    assert sorted(merged) == sorted(one)
+    for name, tensor in one.items():
+        assert torch.equal(merged[name], tensor), name
+    assert torch.equal(CheckpointRuntime.load(tmp_path / "tp2").forward(IDS),
+                       CheckpointRuntime.load(tmp_path / "tp1").forward(IDS))  # fmt: skip

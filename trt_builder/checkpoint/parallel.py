@@ -35,13 +35,27 @@ TP_KIND: tuple[tuple[str, str], ...] = (
     ("mlp.gate.per_channel_scale", "column_vector"),
     ("attention.dense.smoother", "row"),
     ("mlp.proj.smoother", "row"),
+    # INT4's group scales [out, in / group] follow their weight's rows or columns; AWQ's
+    # pre-quantization scales [in] of row-parallel inputs their columns; the rest (per-tensor
+    # scales of one element: FP8's) is replicated
+    ("attention.qkv.weights_scaling_factor", "qkv"),
+    ("mlp.fc.weights_scaling_factor", "column"),
+    ("mlp.gate.weights_scaling_factor", "column"),
+    ("attention.dense.weights_scaling_factor", "row"),
+    ("mlp.proj.weights_scaling_factor", "row"),
+    ("attention.dense.prequant_scaling_factor", "row_vector"),
+    ("mlp.proj.prequant_scaling_factor", "row_vector"),
 )
 FIRST_STAGE = ("transformer.vocab_embedding.", "transformer.position_embedding.")
 LAST_STAGE = ("transformer.ln_f.", "lm_head.")
 _LAYER = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 
 
-def tp_kind(name: str) -> str:
+def tp_kind(name: str, tensor: torch.Tensor | None = None) -> str:
+    """How tensor `name` is split; a tensor of one element (a per-tensor scale) is replicated
+    whatever its name."""
+    if tensor is not None and tensor.numel() == 1:
+        return "replicated"
     return next((kind for suffix, kind in TP_KIND if name.endswith(suffix)), "replicated")
 
 
@@ -70,7 +84,7 @@ def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
     """The tp pieces of one full tensor, in tp-rank order."""
     if m.tp == 1:
         return [t]
-    kind = tp_kind(name)
+    kind = tp_kind(name, t)
     if kind == "qkv":
         return [torch.cat(p, dim=0) for p in _split_qkv([t], m)]
     if kind == "qkv_vector":
@@ -81,6 +95,8 @@ def split_tp(name: str, t: torch.Tensor, m: Mapping) -> list[torch.Tensor]:
         return list(t.chunk(m.tp, 0))
     if kind == "row":
         return list(t.chunk(m.tp, 1))
+    if kind == "row_vector":
+        return list(t.chunk(m.tp, -1))
     if kind == "vocab":
         pad = m.padded_vocab - t.shape[0]
         padded = F.pad(t, (0, 0, 0, pad)) if pad else t
@@ -111,7 +127,7 @@ def shard(
     Pieces are views where the split allows, so the writer's copy is the only one."""
     if m.tp == 1:
         per_rank = [list(parts)]  # q, k and v go to their rows of qkv directly
-    elif tp_kind(name) == "qkv":
+    elif tp_kind(name, parts[0]) == "qkv":
         per_rank = _split_qkv(parts, m)
     else:
         full = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -143,7 +159,7 @@ def merge(ranks: list[dict[str, torch.Tensor]], m: Mapping) -> dict[str, torch.T
 def _merge_tp(name: str, pieces: list[torch.Tensor], m: Mapping) -> torch.Tensor:
     if m.tp == 1:
         return pieces[0]
-    kind = tp_kind(name)
+    kind = tp_kind(name, pieces[0])
     if kind == "column":
         return torch.cat(pieces, 0)
     if kind == "column_vector":
@@ -153,6 +169,8 @@ def _merge_tp(name: str, pieces: list[torch.Tensor], m: Mapping) -> torch.Tensor
                          [p.reshape(-1) for p in pieces], m).reshape(1, -1)  # fmt: skip
     if kind == "row":
         return torch.cat(pieces, 1)
+    if kind == "row_vector":
+        return torch.cat(pieces, -1)
     if kind == "vocab":
         return torch.cat(pieces, 0)[: m.vocab]
     if kind == "qkv":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,9 @@ import torch
 from safetensors import safe_open
 
 from ..core.errors import InputError
+from ..modes import mode_of
 from ..targets.llmapi.checkpoint.unified import is_unified, read_unified
+from .int4 import pack_rows, unpack_rows
 from .mapping import Mapping
 from .parallel import merge
 
@@ -36,4 +39,19 @@ def read_checkpoint(checkpoint: Path) -> tuple[dict[str, Any], dict[str, torch.T
             )
         with safe_open(str(path), framework="pt") as fh:
             ranks.append({name: fh.get_tensor(name) for name in fh.keys()})  # noqa: SIM118
-    return config, ranks[0] if mapping.world == 1 else merge(ranks, mapping)
+    if mapping.world == 1:
+        return config, ranks[0]
+    packed = _packs_int4(config)
+    if packed:  # the ranks' INT4 rows are merged as values, then packed as one rank packs them
+        ranks = [{k: unpack_rows(v) if packed(k, v) else v for k, v in r.items()} for r in ranks]
+    merged = merge(ranks, mapping)
+    return config, {k: pack_rows(v) if packed and packed(k, v) else v for k, v in merged.items()}
+
+
+def _packs_int4(config: dict[str, Any]) -> Callable[[str, torch.Tensor], bool] | None:
+    """Which tensors hold packed INT4 rows, for a checkpoint whose mode stores them (its
+    linears' int8 weights), else None."""
+    mode = mode_of(config.get("quantization") or {}, str(config.get("dtype", "float16")))
+    if mode.weights is None or mode.weights.name != "int4":
+        return None
+    return lambda name, t: name.endswith(".weight") and t.dtype == torch.int8

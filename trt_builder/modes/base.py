@@ -193,11 +193,6 @@ class Mode(KVCache, ABC):
         """Why this mode is not built with its KV cache, or None."""
         return None
 
-    def parallel_refusal(self, tp: int, pp: int) -> str | None:
-        """Why this mode is not built at `tp` x `pp`, or None (the model's own limits are
-        checked against its config: checkpoint/mapping.py)."""
-        return None
-
     def target_refusal(self, target: str) -> str | None:
         """Why the target named `target` does not build this mode (its KV cache aside: the
         target decides that), or None."""

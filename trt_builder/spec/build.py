@@ -309,8 +309,7 @@ class BuildSpec:
                 f"--target-gpu {self.target_gpu}: {FEATURES[lacking[0]].why.format(sm=sm)} "
                 f"(--dtype {self.dtype}): target another GPU (doctor lists what each runs)"
             )
-        refusal = (mode.kv_refusal() or mode.parallel_refusal(self.tp, self.pp)
-                   or target.refusal(mode, self.dtype))  # fmt: skip
+        refusal = mode.kv_refusal() or target.refusal(mode, self.dtype)
         if refusal:
             raise SpecError(refusal)
         gemm = self.engine.gemm_plugin

@@ -81,14 +81,6 @@ class Int4Awq(Mode):
             )
         return None
 
-    def parallel_refusal(self, tp: int, pp: int) -> str | None:
-        if tp > 1:
-            return (
-                "int4-awq is built at --tp 1 so far (each rank's INT4 rows and group scales are "
-                f"not split yet): split it with --pp, or use --dtype int8-wo or fp8 at --tp {tp}"
-            )
-        return None
-
     def group_for(self, shapes: dict[str, tuple[int, int]], tp: int) -> int:
         """The group size for a model whose quantized linears are `shapes` (by name: out and in
         features, whole), split at `tp`: the one asked for, or the largest that fits. A size
