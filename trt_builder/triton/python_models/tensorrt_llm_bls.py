@@ -31,6 +31,9 @@ REPLACEMENT = "\ufffd"
 #: Seconds between two looks, while a stream waits for its next token, at whether the client
 #: left and whether the tensorrt_llm model's process is alive.
 WATCH_S = 0.1
+#: Seconds a request waits, once its model's process is seen dead, for that model's own error
+#: (which names the signal) before it tells the death itself: which comes first is a race.
+GRACE_S = 2.0
 #: The Python backend's stub, as /proc names it (15 characters kept).
 STUB_COMM = "triton_python_backend_stub"[:15]
 #: The command line's module of the reference backend's model process (trt-builder's
@@ -269,6 +272,7 @@ class TritonPythonModel:
                 came.put(None)
 
         threading.Thread(target=read, daemon=True).start()
+        seen = None  # when a death was first seen: the model's own error may still come
         while True:
             try:
                 response = came.get(timeout=WATCH_S)
@@ -281,30 +285,42 @@ class TritonPythonModel:
                 self._stop(model, child, responses, self.decoupled)  # the reader drains it
                 raise StepError("cancelled", pb_utils.TritonError.CANCELLED)
             if response is False:
-                self._alive(model, watched)
+                if seen is None:
+                    seen = time.monotonic() if self._death(model, watched) else None
+                elif time.monotonic() - seen > GRACE_S:
+                    self._alive(model, watched)
                 continue
             yield response
 
+    @classmethod
+    def _alive(cls, model, watched):
+        """StepError (UNAVAILABLE) naming the first of the `watched` processes that died."""
+        import triton_python_backend_utils as pb_utils
+
+        death = cls._death(model, watched)
+        if death is not None:
+            raise StepError(death, getattr(pb_utils.TritonError, "UNAVAILABLE", None))
+
     @staticmethod
-    def _alive(model, watched):
-        """StepError (UNAVAILABLE) naming the first of the `watched` processes that died. One
-        of a version while another version of the model has processes has not died: a reload
+    def _death(model, watched):
+        """What to tell of the first of the `watched` processes that died, or None. One of a
+        version while another version of the model has processes has not died: a reload
         replaced its version and unloaded it (Triton loads the new version first, and sends no
         request to the old one while one runs there). Read from /proc, not asked of Triton: a
         stopping server (SIGTERM, as serve sends on a death it saw first) answers no readiness
         (core's ModelIsReady: "Server not ready"), and a second concurrent is_model_ready then
-        never returns (measured on 2.51)."""
-        import triton_python_backend_utils as pb_utils
-
+        never returns (measured on 2.51). The tensorrt_llm model's own error names how its
+        process died (the signal): _watched waits GRACE_S for it before telling this."""
         for pid in dead(watched):
             instance, what, version = watched[pid]
             if {v for _, _, v in model_processes(model).values()} - {version}:
                 del watched[pid]
                 continue
-            raise StepError(
+            return (
                 f"model process {instance} ({what}, pid {pid}) died: this request was cut "
-                "off; send it again", getattr(pb_utils.TritonError, "UNAVAILABLE", None),
-            )  # fmt: skip
+                "off; send it again"
+            )
+        return None
 
     @staticmethod
     def _stop(model, request_id, responses, decoupled):
