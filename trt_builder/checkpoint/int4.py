@@ -18,6 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from ..modes import Mode
+
+
+def holds_int4(mode: Mode) -> bool:
+    """Whether a checkpoint of `mode` stores its linears as packed INT4 groups."""
+    return mode.weights is not None and mode.weights.name == "int4"
+
+
 #: The largest magnitude a group's absmax maps to (modelopt: amax / 7; -8 is never reached).
 INT4_MAX = 7
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from ..core.errors import InputError
 from ..modes import mode_of
 from ..targets.llmapi.checkpoint.unified import is_unified, read_unified
-from .int4 import pack_rows, unpack_rows
+from .int4 import holds_int4, pack_rows, unpack_rows
 from .mapping import Mapping
 from .parallel import merge
 
@@ -51,7 +51,8 @@ def read_checkpoint(checkpoint: Path) -> tuple[dict[str, Any], dict[str, torch.T
 def _packs_int4(config: dict[str, Any]) -> Callable[[str, torch.Tensor], bool] | None:
     """Which tensors hold packed INT4 rows, for a checkpoint whose mode stores them (its
     linears' int8 weights), else None."""
-    mode = mode_of(config.get("quantization") or {}, str(config.get("dtype", "float16")))
-    if mode.weights is None or mode.weights.name != "int4":
+    if not holds_int4(
+        mode_of(config.get("quantization") or {}, str(config.get("dtype", "float16")))
+    ):
         return None
     return lambda name, t: name.endswith(".weight") and t.dtype == torch.int8

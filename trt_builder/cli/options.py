@@ -112,8 +112,8 @@ SPEC_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--group-size",
         type=int,
-        help="For --dtype int4-awq: input channels per INT4 scale (default: 128 where every "
-        "quantized linear's input divides by it, else 64).",
+        help="For --dtype int4-awq: input channels per INT4 scale, 64 or 128 (default: 128 "
+        "where the model's shapes take it, else 64).",
     ),
     click.option("--tp", type=int, help="Tensor-parallel ranks (default 1)."),
     click.option("--pp", type=int, help="Pipeline-parallel ranks (default 1)."),

@@ -139,7 +139,7 @@ class CheckpointRuntime:
         # INT8 weights and float activations (W8A16): the builder rounds the float weights
         self.weight_only = self.mode.weights is not None and self.mode.activations is None
         # INT4 weights in groups (W4A16 AWQ): unpacked and dequantized as the GEMM does
-        self.int4 = self.mode.weights is not None and self.mode.weights.name == "int4"
+        self.int4 = int4.holds_int4(self.mode)
         self.kv_int8, self.kv_fp8 = self.mode.kv_int8, self.mode.kv_fp8
         self.w = {k: v.to(device) for k, v in weights.items()}
         attention = AttentionShape.of(config)

@@ -10,12 +10,15 @@ from typing import Any, ClassVar
 from ...core.errors import SpecError
 from ...spec.gates import Gate
 from ..base import Mode, ModeOptions, WeightStorage
+from ..kvcache.spec import check_kv
 from ..sixteen import check_16_bit
 from ..sixteen import sixteen_bit as _sixteen
 
 #: The group sizes TensorRT-LLM's fine-grained INT4 kernels take (CUTLASS fpA_intB: "Only group
 #: size 64 and 128 supported for fine grained kernels"), the larger first.
 GROUP_SIZES = (128, 64)
+#: What its checkpoint's config says it holds.
+QUANT_ALGO = "W4A16_AWQ"
 #: The KV caches it is built with: TensorRT-LLM runs W4A16 AWQ with an FP8 KV cache on both
 #: of its backends; the PyTorch backend has no INT8 KV cache.
 KV_CACHES = ("model", "fp8")
@@ -55,8 +58,7 @@ class Int4Awq(Mode):
 
     def __post_init__(self) -> None:
         check_16_bit("INT4 AWQ", self.dtype)
-        if self.kv_cache not in ("model", "int8", "fp8"):
-            raise SpecError(f"kv_cache must be one of model, int8, fp8, not {self.kv_cache!r}")
+        check_kv(self.kv_cache)
         check_group_size(self.group_size)
 
     @classmethod
@@ -71,7 +73,7 @@ class Int4Awq(Mode):
 
     @classmethod
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
-        return cls(_sixteen(dtype), kv_cache) if quant_algo == "W4A16_AWQ" else None
+        return cls(_sixteen(dtype), kv_cache) if quant_algo == QUANT_ALGO else None
 
     def kv_refusal(self) -> str | None:
         if self.kv_cache not in KV_CACHES:
@@ -126,7 +128,7 @@ class Int4Awq(Mode):
 
     @property
     def quant_algo(self) -> str | None:
-        return "W4A16_AWQ"
+        return QUANT_ALGO
 
     @property
     def gate_key(self) -> str:
