@@ -30,4 +30,5 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "fp8-llmapi-tp1-pp1": ("--dtype", "fp8", "--target", "llmapi"),
     "fp8-fp8kv-llmapi-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8", "--target", "llmapi"),
     "int8-wo-llmapi-tp1-pp1": ("--dtype", "int8-wo", "--target", "llmapi"),
+    "int4-awq-llmapi-tp1-pp1": ("--dtype", "int4-awq", "--target", "llmapi"),
 }

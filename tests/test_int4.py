@@ -59,6 +59,115 @@ def modelopt_export(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) 
     return out, logits
 
 
+@pytest.fixture(scope="module")
+def modelopt_unified(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """modelopt's INT4_AWQ_CFG at group 64 exported in its unified Hugging Face format (what
+    TensorRT-LLM's PyTorch backend loads): (its directory, its logits on IDS)."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float16)
+    cfg = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    for entry in cfg["quant_cfg"]:
+        if entry.get("quantizer_name") == "*weight_quantizer":
+            entry["cfg"]["block_sizes"][-1] = 64
+            entry["cfg"]["block_sizes"].pop("-1", None)
+    ids = torch.randint(0, 384, (4, 32), generator=torch.Generator().manual_seed(0))
+    mtq.quantize(model, cfg, forward_loop=lambda m: m(ids))
+    # the export's first step, run first so that the logits are of the model it writes: q/k/v's
+    # and gate/up's scales averaged, the weights requantized, the scale folded into the norms
+    requantize_resmooth_fused_llm_layers(model)
+    with torch.no_grad():
+        logits = model(IDS).logits.float()
+    out = tmp_path_factory.mktemp("modelopt-int4-hf")
+    export_hf_checkpoint(model, export_dir=str(out))
+    return out, logits
+
+
+def _headers(directory: Path) -> dict[str, tuple[str, list[int]]]:
+    found = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                found[name] = (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape())
+    return found
+
+
+def test_the_runtime_computes_modelopts_unified_int4_checkpoint_as_modelopt_does(
+    modelopt_unified: tuple, tiny_llama: Path
+) -> None:
+    """read_unified takes modelopt's unified W4A16_AWQ checkpoint as TensorRT-LLM's PyTorch
+    backend does (q/k/v and gate/up scales folded into the norms, o_proj's and down_proj's
+    pre_quant_scale applied, uint8 pairs of rows) and its logits are modelopt's quantized
+    model's, far closer than either is to the float model."""
+    from transformers import AutoModelForCausalLM
+
+    from trt_builder.runtimes.checkpoint import CheckpointRuntime as Runtime
+    from trt_builder.targets.llmapi.checkpoint.unified import read_unified
+
+    path, theirs = modelopt_unified
+    headers = _headers(path)
+    assert headers["model.layers.0.self_attn.q_proj.weight"][0] == "U8"
+    assert "model.layers.0.self_attn.q_proj.pre_quant_scale" not in headers
+    assert "model.layers.0.self_attn.o_proj.pre_quant_scale" in headers
+    ours = Runtime(*read_unified(path)).forward(IDS).float()
+    float_model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    with torch.no_grad():
+        exact = float_model(IDS).logits
+    rounding = (theirs - exact).abs().mean()
+    assert (ours - theirs).abs().mean() < 0.05 * rounding, (ours - theirs).abs().mean()
+
+
+def test_our_llmapi_checkpoint_has_modelopts_unified_layout_and_runs_as_the_engine_ones(
+    modelopt_unified: tuple, tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    """The llmapi target's W4A16_AWQ checkpoint has every tensor of modelopt's unified export,
+    with its dtype and shape (q/k/v and gate/up without pre_quant_scale: folded into the norms;
+    o_proj and down_proj with theirs), hf_quant_config.json's keys and values but the
+    producer, and the loaders' check passes (the conversion runs it: TensorRT-LLM 1.0-1.2
+    load it, vLLM is said to refuse W4A16_AWQ). Its logits are the engine checkpoint's, to
+    the rounding of the folded norms."""
+    from transformers import AutoModelForCausalLM
+
+    from trt_builder.targets.llmapi.checkpoint.unified import read_unified
+    from trt_builder.targets.llmapi.convert import convert_llmapi
+
+    path, _ = modelopt_unified
+    hf, engine = tmp_path / "hf", tmp_path / "engine"
+    hf.mkdir(), engine.mkdir()
+    summary = convert_llmapi(Int4Awq(), tiny_llama, hf, calibration=calibrated, recipe=None)
+    assert summary["loaders"] == ["tensorrt-llm 1.0", "tensorrt-llm 1.1", "tensorrt-llm 1.2"]
+    assert any("vllm 0.10-0.34 refuse W4A16_AWQ: for vLLM, build --dtype fp8" in n
+               for n in summary["notes"])  # fmt: skip
+    theirs, ours = _headers(path), _headers(hf)
+    assert sorted(ours) == sorted(theirs)
+    for name, got in theirs.items():
+        assert ours[name] == got, name
+    quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"]
+    their_quant = json.loads((path / "hf_quant_config.json").read_text())["quantization"]
+    assert quant == their_quant
+    convert_model(Int4Awq(), tiny_llama, engine, tp=1, pp=1, calibration=calibrated)
+    # the engine checkpoint's tensors bit for bit, but the norms and the scales folded into them
+    _, read_back = read_unified(hf)
+    written = load_file(engine / "rank0.safetensors")
+    folded = ("layernorm.weight", "qkv.prequant_scaling_factor", "fc.prequant_scaling_factor",
+              "gate.prequant_scaling_factor")  # fmt: skip
+    assert sorted(n for n in written if not n.endswith(folded)) == sorted(
+        n for n in read_back if not n.endswith(folded)
+    )
+    for name in [n for n in written if not n.endswith(folded)]:
+        assert torch.equal(read_back[name], written[name]), name
+    from_hf = CheckpointRuntime(*read_unified(hf)).forward(IDS)
+    from_engine = CheckpointRuntime.load(engine).forward(IDS)
+    float_model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    with torch.no_grad():
+        exact = float_model(IDS).logits
+    quantization = (from_engine - exact).abs().mean()
+    assert (from_hf - from_engine).abs().mean() < 0.02 * quantization  # 0.45% measured
+
+
 def test_the_runtime_computes_modelopts_int4_checkpoint_as_modelopt_does(
     modelopt_export: tuple, tiny_llama: Path
 ) -> None:
@@ -141,8 +250,6 @@ def test_refusals_name_the_fix(tiny_llama: Path, calibrated: Path, tmp_path: Pat
         make_spec(dtype="int4-awq", kv_cache="int8")
     with pytest.raises(SpecError, match=r"use 64 or 128"):
         make_spec(dtype="int4-awq", **{"int4.group_size": 32})
-    with pytest.raises(SpecError, match=r"use --target engine"):
-        make_spec(dtype="int4-awq", target="llmapi")
     (tmp_path / "ck").mkdir()
     with pytest.raises(
         ConversionError,
@@ -195,3 +302,77 @@ def test_tensor_parallel_ranks_merge_back_into_the_single_rank_checkpoint(
         assert torch.equal(merged[name], tensor), name
     assert torch.equal(CheckpointRuntime.load(tmp_path / "tp2").forward(IDS),
                        CheckpointRuntime.load(tmp_path / "tp1").forward(IDS))  # fmt: skip
+
+
+def test_compensated_rounding_lowers_the_gemm_error_at_the_same_group_scales() -> None:
+    """GPTQ's update at fixed group scales: every value stays in -8..7 at convert's own group
+    scales, and the GEMM's output error on correlated inputs, tr(dW H dW^T), is lower than
+    round-to-nearest's for every weight of the batch."""
+    from trt_builder.checkpoint.int4 import group_scales, quantize_groups
+    from trt_builder.modes.int4_awq.recipe.rounding import compensated_int4
+
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.randn(3, 32, 128, generator=gen)
+    mixing = torch.eye(128) + torch.randn(128, 128, generator=gen) / 4  # correlated channels
+    x = torch.randn(2048, 128, generator=gen) @ mixing
+    h = (x.T @ x).double()
+    scales = torch.stack([group_scales(w, 64) for w in weights])
+    nearest = torch.stack([quantize_groups(w, s) for w, s in zip(weights, scales, strict=True)])
+    compensated = compensated_int4(weights, h.expand(3, -1, -1), scales)
+    assert compensated.dtype == torch.int8 and int(compensated.min()) >= -8
+    assert int(compensated.max()) <= 7
+
+    def error(values: torch.Tensor) -> torch.Tensor:
+        delta = weights.double() - values.double() * scales.double().repeat_interleave(64, 2)
+        return torch.einsum("bni,ij,bnj->b", delta, h, delta)
+
+    assert bool((error(compensated) < 0.9 * error(nearest)).all()), (
+        error(compensated),
+        error(nearest),
+    )
+
+
+def test_the_search_scores_its_candidates_and_convert_writes_what_it_chose(
+    tiny_llama: Path, calibrated: Path, tmp_path: Path
+) -> None:
+    """The recipe: each candidate scored with standard errors, the choice one of them, an alpha
+    (or none) for every quantized GEMM, fc and gate alike; convert writes the recipe's alphas
+    and, for a compensated choice, its INT4 values bit for bit; a recipe made at another group
+    size is refused."""
+    from safetensors.torch import save_file
+
+    from trt_builder.modes.int4_awq.recipe.search import WEIGHTS, search_int4
+    from trt_builder.modes.int4_awq.spec import Int4SearchSet
+
+    found, tensors = search_int4(tiny_llama, calibrated, Int4SearchSet(tokens=1024, fit_tokens=1024),
+                                 device="cpu", offload=tmp_path / "offload")  # fmt: skip
+    assert [c["name"] for c in found["candidates"]] == ["awq", "hessian", "compensated"]
+    assert all(c["kl"] > 0 and c["kl_se"] > 0 for c in found["candidates"])
+    assert found["chosen"] in ("awq", "hessian", "compensated") and found["group_size"] == 64
+    alphas = found["alphas"]
+    assert len(alphas) == 2 * 5  # two layers: qkv, dense, fc, gate, proj
+    for i in range(2):
+        assert (
+            alphas[f"transformer.layers.{i}.mlp.fc.weight"]
+            == alphas[f"transformer.layers.{i}.mlp.gate.weight"]
+        )
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    if tensors:
+        save_file(tensors, str(recipe / WEIGHTS))
+    (recipe / "recipe.json").write_text(json.dumps(found))
+    out = tmp_path / "ck"
+    out.mkdir()
+    summary = convert_model(Int4Awq(), tiny_llama, out, tp=1, pp=1, calibration=calibrated,
+                            recipe=recipe / "recipe.json")  # fmt: skip
+    assert summary["recipe"]["chosen"] == found["chosen"]
+    written = load_file(out / "rank0.safetensors")
+    for name, tensor in tensors.items():
+        assert torch.equal(written[name], tensor), name
+    assert bool(torch.isfinite(CheckpointRuntime.load(out).forward(IDS)).all())
+    found["group_size"] = 128
+    (recipe / "recipe.json").write_text(json.dumps(found))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ConversionError, match=r"searched at group size 128.*--group-size 64"):
+        convert_model(Int4Awq(), tiny_llama, tmp_path / "other", tp=1, pp=1,
+                      calibration=calibrated, recipe=recipe / "recipe.json")  # fmt: skip

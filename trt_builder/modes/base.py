@@ -77,6 +77,8 @@ class Mode(KVCache, ABC):
     #: The llmapi target's loaders that run its quantized Hugging Face checkpoint, by the
     #: names of targets/llmapi/checkpoint/loaders.py: CONTRACTS (read from their source there).
     LOADED_BY: ClassVar[tuple[str, ...]] = ()
+    #: What a user of a loader that refuses its checkpoint does instead (said with the refusal).
+    INSTEAD_OF_REFUSING_LOADERS: ClassVar[str | None] = None
 
     dtype: str
 
@@ -148,6 +150,12 @@ class Mode(KVCache, ABC):
     def hf_config_groups(self) -> dict[str, Any]:
         """What config.json's modelopt quantization_config says of its GEMMs beyond quant_algo
         (modelopt 0.47's export_hf_checkpoint), for the llmapi target."""
+        return {}
+
+    def hf_quant_fields(self, quantization: dict[str, Any]) -> dict[str, Any]:
+        """What hf_quant_config.json's `quantization` table says beyond quant_algo, its KV cache
+        and exclude_modules (modelopt 0.47's keys), from the engine checkpoint's `quantization`
+        (config.json), for the llmapi target."""
         return {}
 
     def hf_linear_problems(

@@ -127,3 +127,24 @@ def searched_model(
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     return device, tokenizer, model, str(next(model.parameters()).device)
+
+
+def choose_simplest(
+    per_window: dict[str, dict[str, torch.Tensor]],
+    finalists: list[str],
+    simplest_first: tuple[str, ...],
+) -> tuple[str, str]:
+    """(the chosen candidate, the other finalist): the least mean KL, unless a simpler finalist
+    (earlier in `simplest_first`) is within two standard errors of it in their paired
+    per-window KL difference (then the simpler: a candidate that wins by noise would make the
+    choice depend on the split's seed)."""
+    ranked = sorted(finalists, key=lambda n: float(per_window[n]["kl"].mean()))
+    best, other = ranked[0], ranked[-1]
+    for name in simplest_first:
+        if name == best:
+            break
+        if name in finalists:
+            lead, se = mean_se(per_window[name]["kl"] - per_window[best]["kl"])
+            if lead <= 2 * se:
+                return name, best
+    return best, other

@@ -11,8 +11,9 @@ dense, fc, gate, proj):
 
 p = 1 / s with s_k = a_k^alpha / w_k^(1 - alpha) (AWQ's form): a_k the calibrated RMS of input
 channel k, w_k the mean over rows of |W[:, k]| relative to its group's absmax, normalised so
-that max(s) * min(s) = 1; alpha is chosen per linear on the grid 0, 0.1, ..., 1 (0: plain
-rounding) to minimise the calibrated output error of the rounding, sum_k E[x_k^2] *
+that max(s) * min(s) = 1; alpha is chosen per linear (fc and gate, which read one input,
+share theirs: SHARES_INPUT) on the grid 0, 0.1, ..., 1, or no scale at all (plain rounding,
+alpha None), to minimise the calibrated output error of the rounding, sum_k E[x_k^2] *
 sum_n (W[n, k] - p_k * Q(W / p)[n, k])^2 (channels taken as uncorrelated: the calibration keeps
 each channel's mean square, not their covariance). Norms, biases, the embedding, ln_f and
 lm_head stay in the model dtype, as `exclude_modules` says. With the FP8 KV cache each layer
@@ -24,6 +25,7 @@ test oracle here, not a dependency.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,82 +35,31 @@ import torch
 
 from ...calibrate.stats import load_stats
 from ...checkpoint.fp8 import FP8_LINEARS
-from ...checkpoint.int4 import dequantize, group_scales, pack_rows, quantize_groups
+from ...checkpoint.int4 import pack_rows, unpack_rows
 from ...checkpoint.mapping import Mapping
+from ...checkpoint.safetensors_io import SafetensorsIndex
 from ...convert.dispatch import register
 from ...convert.layers import LayerJob, split_layers
 from ...convert.plan import plan_conversion
 from ...convert.write import finish
 from ...core.dtypes import torch_dtype
 from ...core.errors import ConversionError, SpecError
-from ...models.shape import AttentionShape
+from ...core.fsio import write_json
 from .. import FloatMode
 from ..kvcache.convert import KVCacheScales
+from .checkpoint import awq_linear, awq_pqs, linear_shapes, rounded_at
 from .spec import Int4Awq
 
 #: The GEMMs stored as INT4 (TensorRT-LLM names within a decoder layer): FP8's five.
 INT4_LINEARS = FP8_LINEARS
 #: What config.json's exclude_modules lists: the modules kept in the model dtype.
 EXCLUDED = ["lm_head", "transformer.vocab_embedding"]
-#: AWQ's exponents tried per linear (awq_lite's grid).
-ALPHAS = tuple(i / 10 for i in range(11))
-
-
-def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Each quantized linear's (out, in) features, whole (TensorRT-LLM names)."""
-    hidden = int(config["hidden_size"])
-    attention = AttentionShape.of(config)
-    inter = int(config.get("intermediate_size") or 4 * hidden)
-    q = attention.heads * attention.head_size
-    qkv = q + 2 * attention.kv_heads * attention.head_size
-    return {"attention.qkv": (qkv, hidden), "attention.dense": (hidden, q),
-            "mlp.fc": (inter, hidden), "mlp.proj": (hidden, inter)}  # fmt: skip
-
-
-def _awq_scale(
-    weight: torch.Tensor, sqmean: torch.Tensor, alpha: float, group: int
-) -> torch.Tensor:
-    """AWQ's s for `alpha` ([in], in float64: the model-dtype scale it becomes is then the same
-    whatever CPU computes it, its float32 pow and sums an ulp apart or not)."""
-    out, width = weight.shape
-    grouped = weight.double().abs().reshape(out, width // group, group)
-    relative = (grouped / grouped.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(out, width)
-    w_mag = relative.mean(0).clamp(min=1e-4)
-    a_mag = sqmean.double().sqrt().clamp(min=1e-4)
-    s = (a_mag.pow(alpha) / w_mag.pow(1 - alpha)).clamp(min=1e-4)
-    return s / (s.max() * s.min()).sqrt()
-
-
-def _rounded(weight: torch.Tensor, pqs: torch.Tensor, group: int, dtype: torch.dtype) -> Any:
-    """(INT4 values, scales, the weight the engine computes with) of `weight` under the
-    model-dtype pre-quantization scale `pqs`."""
-    scaled = weight / pqs.float()
-    scales = group_scales(scaled, group)
-    values = quantize_groups(scaled, scales)
-    return values, scales, dequantize(values, scales, dtype) * pqs.float()
-
-
-def awq_linear(
-    weight: torch.Tensor, sqmean: torch.Tensor, group: int, dtype: torch.dtype
-) -> tuple[dict[str, torch.Tensor], float, float]:
-    """One linear's INT4 tensors (weight values unpacked, weights_scaling_factor,
-    prequant_scaling_factor), the alpha chosen and its calibrated error relative to plain
-    rounding's."""
-    weight = weight.to(dtype).float()  # the model modelopt would load
-    best: tuple[float, float, Any] | None = None
-    plain = None
-    for alpha in ALPHAS:
-        pqs = (1.0 / _awq_scale(weight, sqmean, alpha, group)).to(dtype)
-        values, scales, effective = _rounded(weight, pqs, group, dtype)
-        error = float(((weight - effective).double().square() * sqmean.double()).sum())
-        if plain is None:
-            plain = error
-        if best is None or error < best[1]:
-            best = (alpha, error, (values, scales, pqs))
-    assert best is not None and plain is not None
-    values, scales, pqs = best[2]
-    tensors = {"weight": values, "weights_scaling_factor": scales, "prequant_scaling_factor": pqs}
-    return tensors, best[0], best[1] / plain if plain else 1.0
+#: GEMMs that read the same input (a norm's output) as another, TensorRT-LLM names: their
+#: pre-quantization scale is chosen once, for both (the scale of q, k and v, one GEMM here, is
+#: one too). The llmapi target folds it into that norm (targets/llmapi/checkpoint/unified.py),
+#: as modelopt's unified export does and TensorRT-LLM's PyTorch backend needs: it reads no
+#: pre_quant_scale for its fused gate_up GEMM.
+SHARES_INPUT = {"mlp.fc.weight": "mlp.gate.weight"}
 
 
 def convert_int4_awq(
@@ -119,13 +70,16 @@ def convert_int4_awq(
     *,
     tp: int = 1,
     pp: int = 1,
+    recipe: Path | None = None,
     remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` with the statistics in `calibration` into a W4A16 AWQ checkpoint."""
+    """Convert `hf_dir` with the statistics in `calibration` into a W4A16 AWQ checkpoint;
+    `recipe`: the recipe stage's recipe.json, whose alphas and rounding it writes (without one,
+    alpha by the calibrated diagonal error and nearest rounding: the search's "awq")."""
     family, config, rules, index, notes = plan_conversion(
         hf_dir, FloatMode(mode.dtype), tp=tp, pp=pp
     )
-    chosen: dict[str, float] = {}
+    chosen: dict[str, float | None] = {}
     ratios: list[float] = []
     with ExitStack() as stack:
         stack.enter_context(index)  # closed on every way out, refusals included
@@ -134,6 +88,7 @@ def convert_int4_awq(
         except SpecError as exc:
             raise ConversionError(str(exc)) from None
         stats = load_stats(calibration)
+        searched = None if recipe is None else Searched.read(recipe, group, stack)
         kv_cache = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration,
                                     stats=stats)  # fmt: skip
         layers, others = split_layers(rules)
@@ -166,12 +121,29 @@ def convert_int4_awq(
                         width, dtype=dtype, device="meta"
                     )
                     continue
+                if name in SHARES_INPUT.values() and _partner(name) in floats:
+                    continue  # chosen with the GEMM whose input it shares, below
+                together = [name, *(n for n in [SHARES_INPUT.get(name)] if n in floats)]
                 module = sources[name][0].removesuffix(".weight")  # q/k/v share one input
                 sqmean = _sqmean(stats, module).to(tensor.device)
-                linear, alpha, ratio = awq_linear(tensor, sqmean, group, dtype)
-                chosen[f"transformer.layers.{i}.{base}"] = alpha
-                ratios.append(ratio)
-                out.update({f"{base}.{k}": v for k, v in linear.items()})
+                counts = [len(floats[n]) for n in together]
+                whole = torch.cat([floats[n] for n in together]) if len(together) > 1 else tensor
+                if searched is None:
+                    linear, alpha, ratio = awq_linear(whole, sqmean, group, dtype)
+                    ratios.append(ratio)
+                else:
+                    alpha = searched.alpha(f"transformer.layers.{i}.{name}")
+                    linear = searched.linear(
+                        i, together, counts, whole, sqmean, alpha, group, dtype
+                    )
+                values = linear["weight"].split(counts)
+                scales = linear["weights_scaling_factor"].split(counts)
+                for n, v, sc in zip(together, values, scales, strict=True):
+                    b = n.removesuffix(".weight")
+                    chosen[f"transformer.layers.{i}.{b}"] = alpha
+                    out[f"{b}.weight"] = v.contiguous()
+                    out[f"{b}.weights_scaling_factor"] = sc.contiguous()
+                    out[f"{b}.prequant_scaling_factor"] = linear["prequant_scaling_factor"].clone()
             scale = kv_cache.scale(sources["attention.qkv.weight"])
             if scale is not None:
                 out["attention.kv_cache_scaling_factor"] = scale.to(
@@ -183,13 +155,86 @@ def convert_int4_awq(
                        "cpu", per_rank=_pack)  # fmt: skip
         written = job.write(stack, out_dir, remember)
     record = finish(out_dir, config, family, tensors=written, notes=notes)
-    alphas = sorted(set(chosen.values()))
+    if searched is not None:
+        write_json(out_dir / "recipe.json", searched.found)  # trtllm-build reads only its own
+        record["recipe"] = {k: searched.found[k] for k in ("chosen", "tokens", "device")}
+    alphas = sorted(set(chosen.values()), key=lambda a: -1.0 if a is None else a)
     record["awq"] = {
         "group_size": group,
-        "alphas": {str(a): sum(1 for v in chosen.values() if v == a) for a in alphas},
+        "alphas": {
+            ("none" if a is None else str(a)): sum(1 for v in chosen.values() if v == a)
+            for a in alphas
+        },
         "error_vs_plain_rounding": round(sum(ratios) / len(ratios), 4) if ratios else None,
     }
     return record
+
+
+class Searched:
+    """The recipe stage's INT4 choices (modes/int4_awq/recipe/search.py): each GEMM's alpha, and
+    for a compensated rounding the INT4 values (packed) and group scales by checkpoint name."""
+
+    def __init__(self, found: dict[str, Any], weights: SafetensorsIndex | None) -> None:
+        self.found, self.weights = found, weights
+
+    @classmethod
+    def read(cls, recipe: Path, group: int, stack: ExitStack) -> Searched:
+        if not recipe.is_file():
+            raise ConversionError(
+                "int4-awq needs its recipe: run trt-builder recipe --dtype int4-awq"
+            )
+        found = json.loads(recipe.read_text())
+        if found.get("group_size") != group:
+            raise ConversionError(
+                f"the INT4 recipe was searched at group size {found.get('group_size')}, this "
+                f"conversion takes {group}: build with --group-size {group} (the recipe follows "
+                "it)"
+            )
+        weights = None
+        if found.get("weights"):
+            weights = stack.enter_context(SafetensorsIndex([recipe.parent / found["weights"]]))
+        return cls(found, weights)
+
+    def alpha(self, name: str) -> float | None:
+        try:
+            return self.found["alphas"][name]  # type: ignore[no-any-return]
+        except KeyError:
+            raise ConversionError(
+                f"the INT4 recipe has no alpha for {name}: it was made for another model; "
+                "rerun it (trt-builder recipe --dtype int4-awq --force)"
+            ) from None
+
+    def linear(self, layer: int, names: list[str], counts: list[int], weight: torch.Tensor,
+               sqmean: torch.Tensor, alpha: float | None, group: int,
+               dtype: torch.dtype) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The INT4 tensors of the GEMMs `names` (their `counts` rows together in `weight`) at
+        `alpha`: the recipe's values where it has them, checked against the group scales
+        they were rounded at, else rounded to nearest."""
+        weight = weight.to(dtype).float()
+        pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
+        values, scales, _ = rounded_at(weight, pqs, group, dtype)
+        if self.weights is not None:
+            values = torch.cat([
+                self._values(f"transformer.layers.{layer}.{name}", own)
+                for name, own in zip(names, scales.split(counts), strict=True)
+            ]).to(values.device)  # fmt: skip
+        return {"weight": values, "weights_scaling_factor": scales,
+                "prequant_scaling_factor": pqs}  # fmt: skip
+
+    def _values(self, name: str, scales: torch.Tensor) -> torch.Tensor:
+        assert self.weights is not None
+        at = self.weights.read(name.removesuffix(".weight") + ".weights_scaling_factor")
+        if not torch.equal(at, scales.cpu()):
+            raise ConversionError(
+                f"the recipe's INT4 rounding of {name} was made from other weights: rerun the "
+                "recipe (trt-builder recipe --dtype int4-awq --force)"
+            )
+        return unpack_rows(self.weights.read(name))
+
+
+def _partner(name: str) -> str:
+    """The GEMM whose input `name` shares and whose scale it takes (SHARES_INPUT)."""
+    return next(k for k, v in SHARES_INPUT.items() if v == name)
 
 
 def _pack(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -212,4 +257,6 @@ def _int4_awq(mode: Int4Awq, hf_dir: Path, out_dir: Path, *, tp: int, pp: int,
               calibration: Path | None, recipe: Path | None = None,
               remember: Callable[[Path, str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     assert calibration is not None  # AWQ always calibrates: its scales
-    return convert_int4_awq(hf_dir, out_dir, mode, calibration, tp=tp, pp=pp, remember=remember)
+    return convert_int4_awq(
+        hf_dir, out_dir, mode, calibration, tp=tp, pp=pp, recipe=recipe, remember=remember
+    )

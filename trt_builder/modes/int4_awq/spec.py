@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.errors import SpecError
@@ -22,6 +23,34 @@ QUANT_ALGO = "W4A16_AWQ"
 #: The KV caches it is built with: TensorRT-LLM runs W4A16 AWQ with an FP8 KV cache on both
 #: of its backends; the PyTorch backend has no INT8 KV cache.
 KV_CACHES = ("model", "fp8")
+
+
+@dataclass(frozen=True)
+class Int4SearchSet:
+    """What the INT4 AWQ search tries and scores on (modes/int4_awq/recipe/search.py): its cache
+    key, with the calibration and the model. The weights are rounded to `dtype` first, as
+    convert rounds them; `group_size` as the mode asks (0: as the model takes it at TP 1).
+    `fit_tokens` give each GEMM group's input Hessian, the next `tokens` score the candidates
+    (FP8's texts: half prose of the search split, half the model's own text); `seed` shuffles
+    the split and seeds the sampling."""
+
+    dtype: str = "float16"
+    group_size: int = 0
+    tokens: int = 4096
+    fit_tokens: int = 6144
+    damp: float = 0.01  # GPTQ's dampening: a fraction of the Hessian's mean diagonal
+    block: int = 128  # columns updated together (GPTQ's lazy batch)
+    seed: int = 0
+
+    def key_fields(self) -> dict[str, Any]:
+        return {"mode": "int4_awq", **asdict(self)}
+
+    def slug(self) -> str:
+        return f"int4-awq-{self.dtype}-g{self.group_size or 'auto'}"
+
+    def read_by_convert(self, directory: Path) -> Path:
+        """recipe.json and the weights beside it."""
+        return directory
 
 
 def int4_storage(group: int) -> WeightStorage:
@@ -47,10 +76,12 @@ class Int4Awq(Mode):
         "int4-awq": Gate(min_top1=0.65, max_kl=0.8, max_ppl_delta_pct=30.0),
     }
     DOCTOR: ClassVar[dict[str, tuple[str, ...]]] = {"int4-awq": ("int4",)}
-    #: Its Hugging Face checkpoint is not written yet (issue 41).
-    REFUSED_BY: ClassVar[dict[str, str]] = {
-        "llmapi": "int4-awq's Hugging Face checkpoint is not written yet: use --target engine",
-    }
+    #: TensorRT-LLM's PyTorch backend loads modelopt's W4A16_AWQ checkpoint from 1.0 on
+    #: (W4A16_AWQ_LinearMethod, PR #3258 of 2025-04; docs/upstream/four-bit-unified-checkpoint.md);
+    #: vLLM's modelopt loader does not list W4A16_AWQ (0.10-0.34).
+    LOADED_BY: ClassVar[tuple[str, ...]] = ("tensorrt-llm 1.0", "tensorrt-llm 1.1",
+                                            "tensorrt-llm 1.2")  # fmt: skip
+    INSTEAD_OF_REFUSING_LOADERS = "for vLLM, build --dtype fp8 (SM 89+)"
 
     dtype: str = "float16"
     kv_cache: str = "model"
@@ -123,6 +154,13 @@ class Int4Awq(Mode):
         return True  # AWQ's scales weigh the channels by the calibrated activations
 
     @property
+    def searches(self) -> bool:
+        return True  # alpha and the rounding, by measured accuracy (recipe/search.py)
+
+    def recipe_set(self) -> Int4SearchSet:
+        return Int4SearchSet(dtype=self.dtype, group_size=self.group_size)
+
+    @property
     def base_name(self) -> str:
         return "int4-awq" + (f"-g{self.group_size}" if self.group_size else "")
 
@@ -142,8 +180,45 @@ class Int4Awq(Mode):
     def weights(self) -> WeightStorage | None:
         return int4_storage(self.group_size or GROUP_SIZES[0])
 
+    def hf_quant_fields(self, quantization: dict[str, Any]) -> dict[str, Any]:
+        # TensorRT-LLM reads the group size from here alone: config.json's quantization_config
+        # has none for W4A16_AWQ (modelopt 0.47 writes none there either)
+        return {key: quantization[key] for key in ("group_size", "has_zero_point",
+                                                   "pre_quant_scale")}  # fmt: skip
+
+    def hf_linear_problems(
+        self, header: dict[str, Any], base: str, *, input_scale_required: bool, source: str
+    ) -> list[str]:
+        """uint8 [out / 2, in] (two INT4 rows a byte), float32 weight_scale [out, in / group];
+        pre_quant_scale [in] on o_proj and down_proj, which the PyTorch backend reads
+        unconditionally, and on no other linear: it reads none for its fused qkv and gate_up
+        GEMMs, so one there would be dropped without a word (W4A16_AWQ_LinearMethod)."""
+        weight, scale = header.get(f"{base}.weight"), header.get(f"{base}.weight_scale")
+        if weight is None or weight["dtype"] != "U8" or len(weight["shape"]) != 2:
+            return [f"{base}.weight is not a U8 [out / 2, in] matrix of INT4 pairs ({source})"]
+        out, width = weight["shape"][0] * 2, weight["shape"][1]
+        problems = []
+        if (
+            scale is None
+            or scale["dtype"] != "F32"
+            or len(scale["shape"]) != 2
+            or scale["shape"][0] != out
+            or width % scale["shape"][1]
+        ):
+            problems.append(f"{base}.weight_scale is not F32 [{out}, in / group] ({source})")
+        pqs = header.get(f"{base}.pre_quant_scale")
+        reads_pqs = base.endswith(("o_proj", "down_proj"))
+        if reads_pqs and (pqs is None or pqs["shape"] != [width]):
+            problems.append(f"{base}.pre_quant_scale [{width}] is missing ({source})")
+        if not reads_pqs and pqs is not None:
+            problems.append(
+                f"{base}.pre_quant_scale is not read for a fused GEMM: fold it into the norm "
+                f"before ({source})"
+            )
+        return problems
+
     def to_json(self) -> dict[str, Any]:
-        return {"mode": "int4_awq", "version": 1, **asdict(self)}
+        return {"mode": "int4_awq", "version": 2, **asdict(self)}  # 2: fc and gate share a scale
 
 
 def check_group_size(group: int) -> None:

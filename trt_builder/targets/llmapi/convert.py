@@ -21,6 +21,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from ...checkpoint.int4 import holds_int4
 from ...checkpoint.reader import read_checkpoint
 from ...convert.dispatch import checkpoint_writer
 from ...convert.model import convert_model
@@ -72,7 +73,7 @@ def convert_llmapi(
     names = {r.name for r in rules}
     extra = KVCacheScales.of(mode, config, family, names, calibration).hf_scales(rules)
     weight_only = torch_dtype(config["dtype"]) if mode.quantizes_hf_weights else None
-    written = hf_tensors(tensors, rules, extra, weight_only)
+    written = hf_tensors(tensors, rules, extra, weight_only, int4=holds_int4(mode))
     written.update(vision_tensors(index, tower, torch_dtype(config["dtype"])) if tower else {})
     index.close()
     save_file(written, str(out_dir / WEIGHTS), metadata={"format": "pt"})
@@ -85,7 +86,7 @@ def convert_llmapi(
     embedding = next(r for r in rules if r.name == "transformer.vocab_embedding.weight")
     excluded = ["lm_head", embedding.sources[0].removesuffix(".weight")]
     excluded += tower_exclusions(tower) if tower else []
-    files = quantization(mode, excluded, tower=bool(tower))
+    files = quantization(mode, excluded, tower=bool(tower), fields=mode.hf_quant_fields(quant))
     if files is not None:
         hf_quant, hf_config["quantization_config"] = files
         (out_dir / HF_QUANT).write_text(json.dumps(hf_quant, indent=2) + "\n")
@@ -105,7 +106,14 @@ def convert_llmapi(
         pp=1,
         family=family.name,
         loaders=loaders,
-        notes=llmapi_notes(summary.get("notes", []), family, hf_dir, quant["quant_algo"], loaders),
+        notes=llmapi_notes(
+            summary.get("notes", []),
+            family,
+            hf_dir,
+            quant["quant_algo"],
+            loaders,
+            instead=mode.INSTEAD_OF_REFUSING_LOADERS,
+        ),  # fmt: skip
     )
     return summary
 
@@ -125,10 +133,17 @@ def check_loaders(out_dir: Path, quant_algo: str | None, *, tower: bool) -> list
 
 
 def llmapi_notes(
-    notes: list[str], family: Family, hf_dir: Path, quant_algo: str | None, loaders: list[str]
+    notes: list[str],
+    family: Family,
+    hf_dir: Path,
+    quant_algo: str | None,
+    loaders: list[str],
+    *,
+    instead: str | None = None,
 ) -> list[str]:
     """What to tell the user: the family's llmapi notes in place of its engine ones, a missing
-    processor, and which loaders refuse the checkpoint and why (grouped by reason)."""
+    processor, and which loaders refuse the checkpoint and why (grouped by reason), with the
+    mode's way out (`instead`)."""
     tower = bool(family.vision_tower)
     if family.llmapi_notes is not None:
         notes = [n for n in notes if n not in family.notes] + list(family.llmapi_notes)
@@ -148,6 +163,7 @@ def llmapi_notes(
         notes.append(
             f"the {quant_algo} llmapi checkpoint loads in {', '.join(loaders)}; "
             + "; ".join(f"{', '.join(names)} {why}" for why, names in refused.items())
+            + (f": {instead}" if instead else "")
         )
     return notes
 

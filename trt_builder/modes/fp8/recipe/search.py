@@ -47,7 +47,15 @@ from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
 from ....models.family import TensorRule
 from ....models.registry import family_for
-from ....recipe.score import WINDOW, Scorer, figures, halving, mean_se, searched_model
+from ....recipe.score import (
+    WINDOW,
+    Scorer,
+    choose_simplest,
+    figures,
+    halving,
+    mean_se,
+    searched_model,
+)
 from ....runtimes.fp8 import fp8_matmul
 from ....runtimes.int8 import GROUPS, group_name
 from ....source.files import read_hf_config
@@ -382,7 +390,7 @@ def search_fp8(
          "sampled": figures({k: v[1::2] for k, v in per_window[name].items()})}
         for name in trials
     ]  # fmt: skip
-    winner, runner = _choose(per_window, finalists)
+    winner, runner = choose_simplest(per_window, finalists, SIMPLEST_FIRST)
     lead, lead_se = mean_se(per_window[runner]["kl"] - per_window[winner]["kl"])
     everywhere = {"amax": NEAREST, "compensated": COMPENSATED}
     chosen = dict.fromkeys(per_layer, everywhere[winner]) if winner in everywhere else per_layer
@@ -424,24 +432,6 @@ def search_fp8(
 #: The candidates from the simplest: one that is not worse than a later one by two standard
 #: errors of their paired per-window KL difference is chosen over it.
 SIMPLEST_FIRST = ("amax", "compensated", "per layer")
-
-
-def _choose(
-    per_window: dict[str, dict[str, torch.Tensor]], finalists: list[str]
-) -> tuple[str, str]:
-    """(the chosen candidate, the other finalist): the least mean KL, unless a simpler finalist
-    is within two standard errors of it (then the simpler: a per-layer mix that wins by noise
-    would make the choice depend on the split's seed)."""
-    ranked = sorted(finalists, key=lambda n: float(per_window[n]["kl"].mean()))
-    best, other = ranked[0], ranked[-1]
-    for name in SIMPLEST_FIRST:
-        if name == best:
-            break
-        if name in finalists:
-            lead, se = mean_se(per_window[name]["kl"] - per_window[best]["kl"])
-            if lead <= 2 * se:
-                return name, best
-    return best, other
 
 
 class _Laps:

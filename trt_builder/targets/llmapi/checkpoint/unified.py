@@ -31,6 +31,7 @@ export_hf_checkpoint writes each its own; docs/llmapi.md lists the differences).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from safetensors import safe_open
 
 from ....checkpoint.config import engine_config
 from ....checkpoint.fp8 import E4M3, to_e4m3
+from ....checkpoint.int4 import pack_rows, unpack_rows
 from ....checkpoint.safetensors_io import SafetensorsIndex
 from ....checkpoint.weights import weight_files
 from ....core.errors import InputError
@@ -74,23 +76,75 @@ def _base(name: str) -> str:
     return name.removesuffix(".weight")
 
 
+#: The norm whose output each GEMM reads, by TensorRT-LLM's names within a decoder layer.
+NORM_BEFORE = {"attention.qkv": "input_layernorm", "mlp.fc": "post_layernorm",
+               "mlp.gate": "post_layernorm"}  # fmt: skip
+_PREQUANT = re.compile(r"^(transformer\.layers\.\d+\.)(.+)\.prequant_scaling_factor$")
+
+
+def fold_prequant(tensors: dict[str, torch.Tensor]) -> None:
+    """AWQ's pre-quantization scale of the GEMMs that read a norm's output (NORM_BEFORE),
+    folded into that norm, in place: its weight (and bias) times the scale, rounded to its
+    dtype, and the scale dropped, as modelopt 0.47's unified export does
+    (fuse_prequant_layernorm). TensorRT-LLM's PyTorch backend reads no pre_quant_scale for its
+    fused qkv and gate_up GEMMs; fc and gate carry one scale (modes/int4_awq/convert.py)."""
+    folded: dict[str, torch.Tensor] = {}
+    for name in sorted(tensors):
+        match = _PREQUANT.match(name)
+        if match is None or match.group(2) not in NORM_BEFORE:
+            continue
+        scale = tensors.pop(name)
+        norm = match.group(1) + NORM_BEFORE[match.group(2)]
+        if norm in folded:
+            if not torch.equal(folded[norm], scale):
+                raise ValueError(f"internal: the GEMMs after {norm} have different AWQ scales")
+            continue
+        folded[norm] = scale
+        for part in (f"{norm}.weight", f"{norm}.bias"):
+            if part in tensors:
+                kept = tensors[part]
+                tensors[part] = (kept.float() * scale.float()).to(kept.dtype)
+
+
+def _int4_parts(packed: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    """A packed INT4 weight [out / 2, in] split into its sources' rows, each packed on its own
+    and stored as modelopt stores it (uint8)."""
+    values = unpack_rows(packed)
+    return [pack_rows(v).view(torch.uint8) for v in values.split(rows)]
+
+
 def hf_tensors(
     tensors: dict[str, torch.Tensor],
     rules: list[TensorRule],
     kv_scales: dict[str, torch.Tensor],
     weight_only: torch.dtype | None = None,
+    *,
+    int4: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The Hugging Face tensors of a TP=1 TensorRT-LLM checkpoint's `tensors` (taken from the
     dict as they are placed), by the family's `rules` for the source model; `kv_scales`: the
     k_scale / v_scale tensors by Hugging Face name, for the FP8 KV cache; `weight_only`: the
     model dtype of a W8A16 checkpoint, whose GEMM weights are written as INT8 values
-    (modes/weight_only/checkpoint.py)."""
+    (modes/weight_only/checkpoint.py); `int4`: the GEMM weights are packed INT4 groups
+    (checkpoint/int4.py), whose pre-quantization scales are folded into the norms before
+    where they can be (fold_prequant)."""
     out: dict[str, torch.Tensor] = {}
+    if int4:
+        fold_prequant(tensors)
     for rule in rules:
         tensor = tensors.pop(rule.name)
-        parts = tensor.split(rule.rows()) if len(rule.sources) > 1 else [tensor]
         scales: dict[str, torch.Tensor] = {}
         row_scales: list[torch.Tensor] = []
+        packed = int4 and tensor.dtype == torch.int8  # INT4 rows: unpacked to be split
+        parts = tensor.split(rule.rows()) if len(rule.sources) > 1 and not packed else [tensor]
+        if packed:
+            base = _base(rule.name)
+            parts = _int4_parts(tensor, rule.rows())
+            group_scales = tensors.pop(f"{base}.weights_scaling_factor")
+            row_scales = list(group_scales.split(rule.rows()))
+            pre_quant = tensors.pop(f"{base}.prequant_scaling_factor", None)
+            if pre_quant is not None:  # o_proj, down_proj: one source each
+                scales["pre_quant_scale"] = pre_quant
         if weight_only is not None and rule.name.endswith(WEIGHT_ONLY_LINEARS):
             q, row = quantize_rows(tensor, weight_only)
             parts = q.split(rule.rows()) if len(rule.sources) > 1 else [q]
@@ -144,7 +198,11 @@ def tower_exclusions(prefixes: tuple[str, ...]) -> list[str]:
 
 
 def quantization(
-    mode: Mode, exclude_modules: list[str], *, tower: bool = False
+    mode: Mode,
+    exclude_modules: list[str],
+    *,
+    tower: bool = False,
+    fields: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(hf_quant_config.json, config.json's quantization_config) of a quantized checkpoint, as
     modelopt 0.47's export_hf_checkpoint writes them for FP8; None for a float one. The
@@ -152,7 +210,8 @@ def quantization(
     quantization_config first (its hf_quant_config.json path alone asks for modelopt). With a
     vision `tower`, config.json lists the exclusions under `exclude_modules` too: vLLM
     0.10-0.11 read that key there, not `ignore` (the language model's lm_head and embedding
-    are never quantized there, so without a tower the file stays modelopt's)."""
+    are never quantized there, so without a tower the file stays modelopt's). `fields`: the
+    mode's further keys of hf_quant_config.json (Mode.hf_quant_fields)."""
     quant_algo, kv_cache_quant_algo = mode.quant_algo, mode.kv_cache_quant_algo
     if quant_algo is None:  # TensorRT-LLM's LLM API refuses a pre-quantized one without it
         return None
@@ -164,6 +223,7 @@ def quantization(
         "quantization": {
             "quant_algo": quant_algo,
             "kv_cache_quant_algo": kv_cache_quant_algo,
+            **(fields or {}),
             "exclude_modules": exclude_modules,
         },
     }
@@ -200,7 +260,16 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
             raise InputError(
                 f"{directory} lacks tensor {exc}: it is not a whole checkpoint"
             ) from None
-        if parts[0].dtype == torch.int8:  # W8A16: INT8 values and a scale per output row
+        if parts[0].dtype == torch.uint8:  # INT4 pairs: repacked as the engine's, fused
+            base = _base(rule.name)
+            group = [stored[f"{_base(s)}.weight_scale"].float() for s in rule.sources]
+            tensors[f"{base}.weights_scaling_factor"] = torch.cat(group)
+            values = [unpack_rows(p.view(torch.int8)) for p in parts]
+            parts = [pack_rows(torch.cat(values))]
+            pre_quant = [f"{_base(s)}.pre_quant_scale" for s in rule.sources]
+            if pre_quant[0] in stored:  # o_proj, down_proj; the others' is in their norm
+                tensors[f"{base}.prequant_scaling_factor"] = stored[pre_quant[0]]
+        elif parts[0].dtype == torch.int8:  # W8A16: INT8 values and a scale per output row
             rows = [stored[f"{_base(s)}.weight_scale"].float().reshape(-1) for s in rule.sources]
             tensors[_base(rule.name) + WEIGHT_SCALE] = torch.cat(rows)
         if parts[0].dtype == E4M3:
