@@ -167,7 +167,7 @@ def test_matrix_is_one_line_of_json_github_takes_and_each_entry_runs_alone(
         assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", job["entry"]]) == 0
         assert json.loads(capsys.readouterr().out)["include"] == [job]
     assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", "smollm2-135m"]) == 0
-    assert len(json.loads(capsys.readouterr().out)["include"]) == 5  # a model id: its variants
+    assert len(json.loads(capsys.readouterr().out)["include"]) == 6  # a model id: its variants
     assert main(["nightly", str(REPO / "fleet.toml"), "--matrix", "--entry", "nope"]) == 2
     assert "--entry 'nope' is not in" in capsys.readouterr().err
 
@@ -208,7 +208,8 @@ def test_the_example_fleet_loads() -> None:
     assert fleet.out == REPO / "engines" and fleet.triton_root == REPO / "triton_repo"
     default = fleet.select(("smollm2-135m",))
     assert {e.model for e in default} == {None}  # the embedded default model
-    assert {e.spec().variant for e in default} >= {"fp8-tp1-pp1", "fp8-fp8kv-tp1-pp1"}
+    assert {e.spec().variant for e in default} >= {"fp8-tp1-pp1", "fp8-fp8kv-tp1-pp1",
+                                                   "int4-awq-tp1-pp1"}  # fmt: skip
     assert all(e.spec().require_engine for e in fleet.entries)
 
 
