@@ -25,10 +25,15 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
     "int4-awq-tp1-pp1": ("--dtype", "int4-awq"),
     "int4-awq-fp8kv-tp1-pp1": ("--dtype", "int4-awq", "--kv-cache", "fp8"),
+    # NVFP4's engine needs Blackwell (SM 100+): the B200 target
+    "nvfp4-tp1-pp1": ("--dtype", "nvfp4", "--target-gpu", "B200"),
+    "nvfp4-fp8kv-tp1-pp1": ("--dtype", "nvfp4", "--kv-cache", "fp8", "--target-gpu", "B200"),
     # --target llmapi: the Hugging Face checkpoint and the llmapi repository (docs/llmapi.md)
     "float16-llmapi-tp1-pp1": ("--dtype", "float16", "--target", "llmapi"),
     "fp8-llmapi-tp1-pp1": ("--dtype", "fp8", "--target", "llmapi"),
     "fp8-fp8kv-llmapi-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8", "--target", "llmapi"),
     "int8-wo-llmapi-tp1-pp1": ("--dtype", "int8-wo", "--target", "llmapi"),
     "int4-awq-llmapi-tp1-pp1": ("--dtype", "int4-awq", "--target", "llmapi"),
+    # on the default H100 target: served weight-only through Marlin there (docs/llmapi.md)
+    "nvfp4-llmapi-tp1-pp1": ("--dtype", "nvfp4", "--target", "llmapi"),
 }

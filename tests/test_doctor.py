@@ -23,7 +23,9 @@ def host(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_a_hopper_host_builds_every_mode(host: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_hopper_host_builds_every_engine_but_nvfp4(
+    host: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     host.setenv(
         "FAKE_SMI_GPUS",
         "NVIDIA H100 80GB HBM3, 9.0, 81559, 575.57.08;NVIDIA H100 80GB HBM3, 9.0, 81559, 575.57.08",
@@ -34,7 +36,11 @@ def test_a_hopper_host_builds_every_mode(host: pytest.MonkeyPatch, tmp_path: Pat
     ] == 81559
     assert report["cuda_driver"] == "12.9" and report["tensorrt"] == "10.13.3.9"
     assert report["free_disk_gib"] > 0 and report["host_memory_gib"] > 0
-    assert set(report["engine"].values()) == {"yes"}
+    engine = report["engine"]
+    assert engine.pop("nvfp4") == (
+        "no: NVFP4 GEMMs need SM 100 or newer (Blackwell: B200), this GPU is SM 90"
+    )
+    assert set(engine.values()) == {"yes"}
 
 
 def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -42,21 +48,21 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     b200 = doctor.inspect(tmp_path)["engine"]
     assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
     assert list(b200) == ["float16", "bfloat16", "float32", "int8", "int8-wo", "kv-cache int8",
-                          "fp8", "kv-cache fp8", "int4-awq"]  # fmt: skip
+                          "fp8", "kv-cache fp8", "int4-awq", "nvfp4"]  # fmt: skip
     assert (
         b200["int4-awq"]
         == "no: TensorRT-LLM builds INT4 weights on SM 80-90 (Ampere, Ada, Hopper), this GPU is SM 100"
     )
     assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m]
                for m in ("int8-wo", "int8", "kv-cache int8"))  # fmt: skip
-    assert b200["fp8"] == "yes" and b200["kv-cache fp8"] == "yes"
+    assert b200["fp8"] == "yes" and b200["kv-cache fp8"] == "yes" and b200["nvfp4"] == "yes"
     host.setenv("FAKE_SMI_GPUS", "NVIDIA T4, 7.5, 15360, 575.57.08")
     t4 = doctor.inspect(tmp_path)["engine"]
     assert "bfloat16 needs SM 80" in t4["bfloat16"]
     assert all(t4[m] == "no: FP8 needs SM 89 or newer, this GPU is SM 75"
                for m in ("fp8", "kv-cache fp8"))  # fmt: skip
     assert [m for m, said in t4.items() if said != "yes"] == ["bfloat16", "fp8", "kv-cache fp8",
-                                                              "int4-awq"]  # fmt: skip
+                                                              "int4-awq", "nvfp4"]  # fmt: skip
     host.setenv("FAKE_SMI_GPUS", "")
     assert doctor.inspect(tmp_path)["engine"]["float16"] == "no: no NVIDIA GPU visible"
     host.setattr(

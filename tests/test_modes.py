@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 #: q/k/v and gate/up scales the llmapi checkpoint folds into the norms before them).
 LLMAPI = {"float16-llmapi-tp1-pp1": "float16-tp1-pp1", "fp8-llmapi-tp1-pp1": "fp8-tp1-pp1",
           "fp8-fp8kv-llmapi-tp1-pp1": "fp8-fp8kv-tp1-pp1", "int8-wo-llmapi-tp1-pp1": None,
-          "int4-awq-llmapi-tp1-pp1": None}  # fmt: skip
+          "int4-awq-llmapi-tp1-pp1": None, "nvfp4-llmapi-tp1-pp1": "nvfp4-tp1-pp1"}  # fmt: skip
 #: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
 KV_CACHE_POINTS = 0.5
 
@@ -65,6 +65,9 @@ MEASURED: dict[str, tuple[float, float, float]] = {
     "int4-awq-tp1-pp1": (0.8136, 0.2063, 10.919),
     "int4-awq-fp8kv-tp1-pp1": (0.8136, 0.2063, 11.484),
     "int4-awq-llmapi-tp1-pp1": (0.8160, 0.2062, 10.947),
+    "nvfp4-tp1-pp1": (0.7337, 0.4198, 21.690),
+    "nvfp4-fp8kv-tp1-pp1": (0.7337, 0.4198, 21.788),
+    "nvfp4-llmapi-tp1-pp1": (0.7337, 0.4198, 21.690),
 }
 #: How far a figure may move on another CPU, whose float32 sums round otherwise: top-1 by 5 of
 #: the prompt set's 413 tokens, KL by 30% (and 1e-6), the perplexity increase by 0.3 point.
@@ -231,7 +234,8 @@ def test_the_llmapi_target_builds_through_verify_and_package_with_the_engine_tar
                             ("float16-kv8-tp1-pp1", "float16-tp1-pp1"),
                             ("fp8-fp8kv-tp1-pp1", "fp8-tp1-pp1"),
                             ("float16-fp8kv-tp1-pp1", "float16-tp1-pp1"),
-                            ("int4-awq-fp8kv-tp1-pp1", "int4-awq-tp1-pp1")]
+                            ("int4-awq-fp8kv-tp1-pp1", "int4-awq-tp1-pp1"),
+                            ("nvfp4-fp8kv-tp1-pp1", "nvfp4-tp1-pp1")]
 )  # fmt: skip
 def test_a_quantized_kv_cache_costs_at_most_its_budget_of_perplexity(
     with_cache: str, without: str, matrix: Any, default_build: tuple[Path, Any]

@@ -92,7 +92,11 @@ class LayerJob:
         def add(name: str, t: torch.Tensor) -> None:
             for rank, local, pieces in shard(name, [t], self.mapping):
                 final = self._final(local, pieces)
-                shape = (sum(p.shape[0] for p in final), *final[0].shape[1:])
+                shape = (
+                    (sum(p.shape[0] for p in final), *final[0].shape[1:])
+                    if final[0].dim()
+                    else ()  # a scalar (NVFP4's global scales)
+                )
                 plans[rank][local] = (final[0].dtype, shape)
 
         for rule in self.others[:1]:  # the embedding first, as in the float layout

@@ -62,7 +62,7 @@ def build_command(
     TensorRT's own FP8 matmul; the fp8 GEMM plugin is "experimental" upstream, for batch <= 4."""
     lim = spec.limits
     mode = spec.mode
-    fp8 = "fp8" in mode.gemm_needs  # FP8 GEMMs
+    fp8 = mode.fp8_context_fmha  # FP8 GEMMs (or NVFP4's, whose builder keeps it too)
     # TensorRT-LLM's builder turns paged context FMHA off for the INT8 KV cache, and for the FP8
     # one unless the linears are FP8 too (then it runs FP8 context FMHA instead: said
     # explicitly, since the flag's default changed between releases)

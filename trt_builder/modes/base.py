@@ -182,6 +182,18 @@ class Mode(KVCache, ABC):
         return self.gemm_needs + ((kv,) if kv and kv not in self.gemm_needs else ())
 
     @property
+    def hf_gpu_needs(self) -> tuple[str, ...]:
+        """The GPU features its Hugging Face checkpoint (the llmapi target) needs of the GPU
+        that serves it: a loader may run it where the engine cannot (NVFP4 through Marlin)."""
+        return self.gpu_needs
+
+    @property
+    def fp8_context_fmha(self) -> bool:
+        """Whether TensorRT-LLM's builder keeps FP8 context FMHA beside an FP8 KV cache for
+        this mode's linears (builder.py: FP8, W4A8_AWQ and NVFP4)."""
+        return "fp8" in self.gemm_needs
+
+    @property
     def activations(self) -> str | None:
         """The format its GEMMs quantize their inputs to ("int8", "e4m3"); None: they take
         the activations' dtype."""

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import int4
+from ..checkpoint import int4, nvfp4
 from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
@@ -140,6 +140,8 @@ class CheckpointRuntime:
         self.weight_only = self.mode.weights is not None and self.mode.activations is None
         # INT4 weights in groups (W4A16 AWQ): unpacked and dequantized as the GEMM does
         self.int4 = int4.holds_int4(self.mode)
+        # NVFP4: e2m1 weights and inputs in blocks of 16, the inputs quantized at run time
+        self.fp4 = nvfp4.holds_nvfp4(self.mode)
         self.kv_int8, self.kv_fp8 = self.mode.kv_int8, self.mode.kv_fp8
         self.w = {k: v.to(device) for k, v in weights.items()}
         attention = AttentionShape.of(config)
@@ -179,6 +181,10 @@ class CheckpointRuntime:
             return w.float()  # exact integers; the scales are applied around the GEMM
         if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
             return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
+        if w.dtype == torch.uint8 and self.fp4:  # exact in float32: e2m1 x e4m3 x float32
+            base = name.removesuffix(".weight")
+            return nvfp4.dequantize(nvfp4.unpack_columns(w), self.w[f"{base}.weights_scaling_factor"],
+                                    self.w[f"{base}.weights_scaling_factor_2"])  # fmt: skip
         if w.dtype == torch.int8 and self.int4:
             scales = self.w[name.removesuffix(".weight") + ".weights_scaling_factor"]
             return int4.dequantize(int4.unpack_rows(w), scales, self.dtype)
@@ -206,6 +212,8 @@ class CheckpointRuntime:
         if self.w[name + ".weight"].dtype == E4M3:
             return self._fp8_linear(x, name, fixed=fixed)
         weight = self._dense[name + ".weight"]
+        if self.fp4 and self.w[name + ".weight"].dtype == torch.uint8:  # the FP4 GEMM's input
+            x = nvfp4.fake_quantize(x, self.w[name + ".activation_scaling_factor"])
         pre_quant = self._dense.get(name + ".prequant_scaling_factor")
         if pre_quant is not None:  # AWQ's input scale, applied in the model dtype
             x = self._round(x * pre_quant)

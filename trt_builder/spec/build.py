@@ -287,7 +287,7 @@ class BuildSpec:
             raise SpecError(f"revision {self.revision!r} is not a branch, tag or commit sha")
         mode = self.mode  # refuses a --kv-cache / --dtype combination that does not exist
         sm = GPUS[self.target_gpu].sm
-        lacking = [need for need in mode.gpu_needs if FEATURES[need].lacks(sm)]
+        lacking = [need for need in target.gpu_needs(mode) if FEATURES[need].lacks(sm)]
         if "int8" in lacking:
             raise SpecError(
                 f"--target-gpu {self.target_gpu} is SM {sm}, where TensorRT-LLM builds no INT8 "
@@ -307,7 +307,7 @@ class BuildSpec:
         if lacking:  # a feature without its own message above
             raise SpecError(
                 f"--target-gpu {self.target_gpu}: {FEATURES[lacking[0]].why.format(sm=sm)} "
-                f"(--dtype {self.dtype}): target another GPU (doctor lists what each runs)"
+                f"(--dtype {self.dtype}): {FEATURES[lacking[0]].instead}"
             )
         refusal = mode.kv_refusal() or target.refusal(mode, self.dtype)
         if refusal:

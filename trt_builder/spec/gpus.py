@@ -34,6 +34,7 @@ class Feature:
 
     lacking: Container[int]  # the SMs without it
     why: str  # `doctor`'s reason, formatted with the GPU's {sm}
+    instead: str = "target another GPU (doctor lists what each runs)"  # the way out
 
     def lacks(self, sm: int) -> bool:
         return sm in self.lacking
@@ -55,5 +56,12 @@ FEATURES: dict[str, Feature] = {
     "int4": Feature(
         frozenset(range(0, 80)) | frozenset(range(100, 120)),
         "TensorRT-LLM builds INT4 weights on SM 80-90 (Ampere, Ada, Hopper), this GPU is SM {sm}",
+    ),
+    # FP4 tensor cores: Blackwell; TensorRT-LLM's NVFP4 GEMM plugin and FP4Linear need them
+    "fp4": Feature(
+        range(0, 100),
+        "NVFP4 GEMMs need SM 100 or newer (Blackwell: B200), this GPU is SM {sm}",
+        "use --target llmapi (its checkpoint runs weight-only through Marlin there), --dtype "
+        "int4-awq or fp8, or target a B200",
     ),
 }

@@ -35,6 +35,10 @@ class Target(ABC):
         for itself (Mode.REFUSED_BY), then the KV cache beside it."""
         return mode.target_refusal(self.name) or self.kv_refusal(mode, dtype)
 
+    def gpu_needs(self, mode: Mode) -> tuple[str, ...]:
+        """The GPU features `mode` needs of the target GPU where this target deploys it."""
+        return mode.gpu_needs
+
     def kv_refusal(self, mode: Mode, dtype: str) -> str | None:
         """Why it does not build the KV cache of `mode`, or None."""
         return None

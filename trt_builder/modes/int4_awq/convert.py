@@ -9,13 +9,15 @@ dense, fc, gate, proj):
 - `weight`: the INT4 values of W / p at those scales, packed two per byte along the output
   rows (checkpoint/int4.py), each rank packing its own.
 
-p = 1 / s with s_k = a_k^alpha / w_k^(1 - alpha) (AWQ's form): a_k the calibrated RMS of input
-channel k, w_k the mean over rows of |W[:, k]| relative to its group's absmax, normalised so
-that max(s) * min(s) = 1; alpha is chosen per linear (fc and gate, which read one input,
-share theirs: SHARES_INPUT) on the grid 0, 0.1, ..., 1, or no scale at all (plain rounding,
-alpha None), to minimise the calibrated output error of the rounding, sum_k E[x_k^2] *
-sum_n (W[n, k] - p_k * Q(W / p)[n, k])^2 (channels taken as uncorrelated: the calibration keeps
-each channel's mean square, not their covariance). Norms, biases, the embedding, ln_f and
+p = 1 / s with s_k = a_k^alpha / w_k^(1 - alpha) (AWQ's form, checkpoint.py): a_k the
+calibrated RMS of input channel k, w_k the mean over rows of |W[:, k]| relative to its group's
+absmax, normalised so that max(s) * min(s) = 1. fc and gate, which read one input, share one
+alpha and p (SHARES_INPUT). The recipe stage chooses each GEMM's alpha (or no scale) and the
+INT4 values (error-compensated or to nearest: modes/int4_awq/recipe/search.py), and convert
+writes them (`Searched`); without a recipe (the library's callers) alpha minimises the
+calibrated output error of nearest rounding, sum_k E[x_k^2] * sum_n (W[n, k] - p_k * Q(W /
+p)[n, k])^2 (channels taken as uncorrelated: the calibration keeps each channel's mean square,
+not their covariance), the search's "awq" candidate. Norms, biases, the embedding, ln_f and
 lm_head stay in the model dtype, as `exclude_modules` says. With the FP8 KV cache each layer
 gets `kv_cache_scaling_factor` (modes/kvcache/convert.py).
 

@@ -29,6 +29,9 @@ class LlmApiTarget(Target):
     #: model's, FP8 and NVFP4).
     KV_CACHES: ClassVar[tuple[str, ...]] = ("model", "fp8")
 
+    def gpu_needs(self, mode: Mode) -> tuple[str, ...]:
+        return mode.hf_gpu_needs  # its loaders' (vLLM's Marlin runs NVFP4 weight-only)
+
     def kv_refusal(self, mode: Mode, dtype: str) -> str | None:
         """No INT8 KV cache; and its LLM API refuses a pre-quantized checkpoint without
         quant_algo (docs/llmapi.md), so a quantized KV cache needs a quantized mode."""

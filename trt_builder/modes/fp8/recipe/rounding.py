@@ -19,22 +19,7 @@ from __future__ import annotations
 import torch
 
 from ....checkpoint.fp8 import E4M3, FP8_MAX
-
-
-def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
-    """The upper Cholesky factor U of the dampened H's inverse (H^-1 = U^T U), [batch, k, k];
-    more dampening where H is too ill-conditioned for the factorisation. With J the reversal
-    of rows and columns, J H J = L L^T gives U = J L^-1 J: one factorisation and one
-    triangular inverse, where GPTQ's chol(cholesky_inverse(chol(H))) takes three (5x slower
-    on the CPU, the same U to 1e-11)."""
-    eye = torch.eye(h.shape[-1], dtype=h.dtype, device=h.device)
-    mean = torch.diagonal(h, dim1=1, dim2=2).mean(1)[:, None, None]
-    flipped = h.flip(-1, -2)
-    for tries in range(6):
-        factor, info = torch.linalg.cholesky_ex(flipped + damp * 10**tries * mean * eye)
-        if not bool(info.any()):
-            break
-    return torch.linalg.solve_triangular(factor, eye.expand_as(factor), upper=False).flip(-1, -2)
+from ....recipe.gptq import inverse_cholesky
 
 
 def compensated_e4m3(
@@ -60,7 +45,7 @@ def compensated_e4m3(
     w = w.gather(1, order[:, :, None].expand(b, k, n))
     h = h.gather(1, order[:, :, None].expand(b, k, k)).gather(2, order[:, None, :].expand(b, k, k))
     dead = torch.diagonal(h, dim1=1, dim2=2) == 0  # inputs that never fired: H row and column 0
-    hinv = _inverse_cholesky(h + torch.diag_embed(dead.to(dtype)), damp)
+    hinv = inverse_cholesky(h + torch.diag_embed(dead.to(dtype)), damp)
     del h
     for start in range(0, k, block):
         stop = min(start + block, k)

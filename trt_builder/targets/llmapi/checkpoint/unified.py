@@ -145,6 +145,13 @@ def hf_tensors(
             pre_quant = tensors.pop(f"{base}.prequant_scaling_factor", None)
             if pre_quant is not None:  # o_proj, down_proj: one source each
                 scales["pre_quant_scale"] = pre_quant
+        if tensor.dtype == torch.uint8:  # NVFP4: codes paired along the input, rows as they are
+            base = _base(rule.name)
+            row_scales = list(tensors.pop(f"{base}.weights_scaling_factor").split(rule.rows()))
+            scales = {
+                "weight_scale_2": tensors.pop(f"{base}.weights_scaling_factor_2").reshape(()),
+                "input_scale": tensors.pop(f"{base}.activation_scaling_factor").reshape(()),
+            }
         if weight_only is not None and rule.name.endswith(WEIGHT_ONLY_LINEARS):
             q, row = quantize_rows(tensor, weight_only)
             parts = q.split(rule.rows()) if len(rule.sources) > 1 else [q]
@@ -260,7 +267,25 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
             raise InputError(
                 f"{directory} lacks tensor {exc}: it is not a whole checkpoint"
             ) from None
-        if parts[0].dtype == torch.uint8:  # INT4 pairs: repacked as the engine's, fused
+        fp4 = (
+            parts[0].dtype == torch.uint8
+            and stored[f"{_base(rule.sources[0])}.weight_scale"].dtype == E4M3
+        )
+        if fp4:  # NVFP4: one global weight and input scale per fused GEMM
+            base = _base(rule.name)
+            tensors[f"{base}.weights_scaling_factor"] = torch.cat(
+                [stored[f"{_base(s)}.weight_scale"] for s in rule.sources]
+            )
+            for name, engine in (("weight_scale_2", "weights_scaling_factor_2"),
+                                 ("input_scale", "activation_scaling_factor")):  # fmt: skip
+                found = [stored[f"{_base(s)}.{name}"].float().reshape(()) for s in rule.sources]
+                if any(not torch.equal(f, found[0]) for f in found):
+                    raise InputError(
+                        f"{directory}: the {name} of {', '.join(rule.sources)} differ: TensorRT-LLM "
+                        "asserts one per fused GEMM; requantize them to one (trt-builder writes one)"
+                    )
+                tensors[f"{base}.{engine}"] = found[0]
+        elif parts[0].dtype == torch.uint8:  # INT4 pairs: repacked as the engine's, fused
             base = _base(rule.name)
             group = [stored[f"{_base(s)}.weight_scale"].float() for s in rule.sources]
             tensors[f"{base}.weights_scaling_factor"] = torch.cat(group)
