@@ -80,6 +80,10 @@ def test_the_format_is_modelopts_bit_for_bit() -> None:
     theirs = packed.dequantize(torch.float32, scale=scales, double_scale=scale_2,
                                block_sizes={-1: 16})  # fmt: skip
     assert torch.equal(theirs, nvfp4.dequantize(codes, ours_scales, ours_2))
+    zeros = torch.zeros(4, 32)  # deliberate difference: modelopt writes NaN scales and 6s
+    zero_2 = nvfp4.global_scale(zeros.abs().amax())
+    assert zero_2 > 0 and bool((nvfp4.block_scales(zeros, zero_2).float() == 1).all())
+    assert not bool(nvfp4.quantize_blocks(zeros, nvfp4.block_scales(zeros, zero_2), zero_2).any())
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 9.0, -0.75])
     assert nvfp4.from_codes(nvfp4.to_codes(ties)).tolist() == [0, 1, 1, 2, 2, 4, 4, 6, -1]
 

@@ -38,8 +38,10 @@ _ODD_BOUNDS = torch.tensor([0.75, 1.75, 3.5])
 
 
 def global_scale(amax: torch.Tensor) -> torch.Tensor:
-    """float32 s2 of a tensor whose absolute maximum is `amax`."""
-    return amax.float() / (E2M1_MAX * E4M3_MAX)
+    """float32 s2 of a tensor whose absolute maximum is `amax`: amax / (6 x 448), never 0 (an
+    all-zero weight then has block scales 1 and codes 0, where modelopt 0.47 writes NaN
+    scales and codes of 6)."""
+    return (amax.float() / (E2M1_MAX * E4M3_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
 
 
 def block_scales(weight: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ def input_global_scale(stats: dict[str, torch.Tensor], module: str) -> torch.Ten
             f"the calibration has no statistics for {module}: recalibrate this model "
             "(trt-builder calibrate --force)"
         ) from None
-    return global_scale(amax).clamp(min=torch.finfo(torch.float32).tiny).reshape(())
+    return global_scale(amax).reshape(())
 
 
 def nvfp4_linear(weight: torch.Tensor, scale_2: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -105,7 +105,7 @@ def round_groups(
             scale_2 = nvfp4.global_scale(weight.abs().amax())
             scales = nvfp4.block_scales(weight, scale_2)
             amax = stats[f"{g.group.modules[0]}.input_absmax"].float().amax()
-            a = nvfp4.global_scale(amax).clamp(min=torch.finfo(torch.float32).tiny).to(device)
+            a = nvfp4.global_scale(amax).to(device)
             steps = (scales.float() * scale_2).repeat_interleave(nvfp4.BLOCK, dim=1)
             values = compensated_on_grid(weight[None], hessians.pop(g.key)[None], steps[None],
                                          _e2m1_grid, damp=choice.damp, block=choice.block)[0]  # fmt: skip
