@@ -107,6 +107,9 @@ def gpu_build(work: Path, tokenizer: Path, layers: int, argv: list[str]) -> dict
     if not (model_dir / "config.json").is_file():
         start = time.perf_counter()
         synthetic_llama(model_dir, tokenizer, {**LLAMA2_7B, "num_hidden_layers": layers}, "cuda")
+        import torch
+
+        torch.cuda.empty_cache()  # the model made here is gone: its memory goes to the build
         print(f"wrote the synthetic model in {time.perf_counter() - start:.1f} s", flush=True)
     out = work / "engines"
     shutil.rmtree(out, ignore_errors=True)

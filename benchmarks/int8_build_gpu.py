@@ -1,8 +1,9 @@
-"""`trt-builder build --dtype int8` (or `--dtype fp8`) on the GPU at the size users build,
-against nvidia-modelopt 0.47's INT8 SmoothQuant (or `FP8_DEFAULT_CFG`) `quantize` plus
-`export_tensorrt_llm_checkpoint`, same model, same calibration data, same run.
+"""`trt-builder build --dtype int8` (or `fp8`, `int4-awq`, `nvfp4`) on the GPU at the size users
+build, against nvidia-modelopt 0.47's INT8 SmoothQuant (or `FP8_DEFAULT_CFG`, `INT4_AWQ_CFG`,
+`NVFP4_DEFAULT_CFG`) `quantize` plus `export_tensorrt_llm_checkpoint`, same model, same
+calibration data, same run.
 
-    python benchmarks/int8_build_gpu.py --tokenizer DIR [--layers 32] [--work DIR] [--dtype fp8]
+    python benchmarks/int8_build_gpu.py --tokenizer DIR [--layers 32] [--work DIR] [--dtype D]
 
 Needs a CUDA GPU and nvidia-modelopt 0.47 (a test-only dependency, never the product's). The
 model: Llama-2-7B's shape (hidden 4096, 32 layers, 32 heads, intermediate 11008) with random
@@ -13,7 +14,9 @@ process: `trt-builder build --model DIR --dtype int8 --calib-device cuda --devic
 stage's time and peak GPU memory come from its record. modelopt runs on the model loaded on
 the GPU, its forward loop over the very samples calibrate used. Exits 1 when calibrate, recipe
 and convert together take more than 1.5x modelopt's quantize plus export, or the whole build
-more than 75 s.
+more than 75 s (90 s for the 4-bit modes). modelopt's INT4 AWQ compiles a CUDA extension on its
+first use (about a minute): the script runs a warm-up quantize of a tiny linear first, so that
+the timed one excludes it.
 """
 
 from __future__ import annotations
@@ -30,17 +33,26 @@ from _cli import GIB, gpu_build, gpu_build_args
 MODELOPT_CFG = {
     "int8": lambda mtq: mtq.INT8_SMOOTHQUANT_CFG,
     "fp8": lambda mtq: mtq.FP8_DEFAULT_CFG,
+    "int4-awq": lambda mtq: mtq.INT4_AWQ_CFG,
+    "nvfp4": lambda mtq: mtq.NVFP4_DEFAULT_CFG,
 }
+#: The whole build's goal per mode (issue 41: a 4-bit build within 90 s).
+BUILD_GOAL_S = {"int8": 75, "fp8": 75, "int4-awq": 90, "nvfp4": 90}
+#: Build flags a mode needs on this GPU: NVFP4's engine targets Blackwell (none is built here).
+EXTRA = {"nvfp4": ["--target-gpu", "B200"]}
 
 
 def main() -> None:
-    args = gpu_build_args(__doc__, dtypes=("int8", "fp8"))
+    args = gpu_build_args(__doc__, dtypes=tuple(MODELOPT_CFG))
 
     import torch
 
     work: Path = args.work
     built = gpu_build(
-        work, args.tokenizer, args.layers, ["--dtype", args.dtype, "--calib-device", "cuda"]
+        work,
+        args.tokenizer,
+        args.layers,
+        ["--dtype", args.dtype, "--calib-device", "cuda", *EXTRA.get(args.dtype, [])],
     )
     stages, steps, model_dir = built["stages"], built["steps"], built["model_dir"]
     build_s, import_s = built["build_wall_s"], built["import_torch_transformers_s"]
@@ -60,6 +72,14 @@ def main() -> None:
     from trt_builder.calibrate.corpus import load_texts, make_samples
     from trt_builder.spec.build import CalibrationOptions
 
+    # modelopt's first use (INT4 AWQ compiles its CUDA extension then): on a tiny linear, untimed
+    warm = torch.nn.Sequential(torch.nn.Linear(256, 256)).cuda().to(torch.bfloat16)
+    start = time.perf_counter()
+    with torch.no_grad():
+        mtq.quantize(warm, MODELOPT_CFG[args.dtype](mtq),
+                     lambda m: m(torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)))  # fmt: skip
+    first_use_s = time.perf_counter() - start
+    del warm
     options = CalibrationOptions()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = make_samples(tokenizer, load_texts(options.dataset)[0], options)
@@ -111,6 +131,7 @@ def main() -> None:
             for c in recipe["candidates"]
         ],  # fmt: skip
         "calibrate_recipe_convert_s": round(ours, 2),
+        "modelopt_first_use_s (warm-up, untimed: INT4's extension compile)": round(first_use_s, 2),
         "modelopt_model_load_s": round(load_s, 2),
         "modelopt_quantize_s": round(quantize_s, 2),
         "modelopt_quantize_peak_gib": round(quantize_peak / GIB, 2),
@@ -126,8 +147,8 @@ def main() -> None:
         missed.append(
             "calibrate + recipe + convert take more than 1.5x modelopt's quantize + export"
         )
-    if build_s > 75:
-        missed.append("the whole build takes more than 75 s")
+    if build_s > BUILD_GOAL_S[args.dtype]:
+        missed.append(f"the whole build takes more than {BUILD_GOAL_S[args.dtype]} s")
     for line in missed:
         print(f"GOAL MISSED: {line}")
     sys.exit(1 if missed else 0)

@@ -163,8 +163,9 @@ def convert_nvfp4(
                 )
             return out
 
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the layer arithmetic
         job = LayerJob(tensors, layers, others, index, dtype, Mapping.from_config(config),
-                       "cpu", per_rank=_pack)  # fmt: skip
+                       device, per_rank=_pack)  # fmt: skip
         written = job.write(stack, out_dir, remember)
     record = finish(out_dir, config, family, tensors=written, notes=notes)
     if found is not None:
