@@ -158,21 +158,18 @@ def _chunks(groups: list[Fp8Group], budget: int, itemsize: int) -> Iterator[list
         yield chunk
 
 
-def round_groups(
+def chunk_hessians(
     model: Any,
     groups: list[Fp8Group],
-    index: SafetensorsIndex,
-    stats: dict[str, torch.Tensor],
     fit_ids: torch.Tensor,
-    choice: Fp8SearchSet,
     *,
     batch: int,
     device: str,
     progress: Any,
-) -> Rounded:
-    """Every group's weights rounded both ways (steps 1 and 2)."""
-    out = Rounded()
-    dtype = torch_dtype(choice.dtype)
+) -> Iterator[tuple[list[Fp8Group], dict[str, torch.Tensor], float]]:
+    """Per chunk of consecutive layers whose Hessians fit in memory: (its groups, each group's
+    input Hessian H = X^T X over `fit_ids`, the seconds the pass took). The searches that round
+    against H (FP8's, INT4's, NVFP4's) take their groups' Hessians from here."""
     for chunk in _chunks(groups, _memory_budget(device), _itemsize(device)):
         layers = f"{chunk[0].group.layer}-{chunk[-1].group.layer}"
         progress(f"input Hessians of layers {layers}")
@@ -188,7 +185,28 @@ def round_groups(
                 handle.remove()
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
-        out.hessian_seconds += time.perf_counter() - begun
+        yield chunk, hessians, time.perf_counter() - begun
+
+
+def round_groups(
+    model: Any,
+    groups: list[Fp8Group],
+    index: SafetensorsIndex,
+    stats: dict[str, torch.Tensor],
+    fit_ids: torch.Tensor,
+    choice: Fp8SearchSet,
+    *,
+    batch: int,
+    device: str,
+    progress: Any,
+) -> Rounded:
+    """Every group's weights rounded both ways (steps 1 and 2)."""
+    out = Rounded()
+    dtype = torch_dtype(choice.dtype)
+    for chunk, hessians, seconds in chunk_hessians(model, groups, fit_ids, batch=batch,
+                                                   device=device, progress=progress):  # fmt: skip
+        layers = f"{chunk[0].group.layer}-{chunk[-1].group.layer}"
+        out.hessian_seconds += seconds
         progress(f"rounding layers {layers}")
         for same in _by_shape(chunk):
             weights = [_read(g, index, model, device, dtype) for g in same]

@@ -46,13 +46,10 @@ from ....source.files import read_hf_config
 from ...fp8.recipe.search import (
     Fp8Group,
     Fp8Simulation,
-    _chunks,
-    _hessian_hooks,
-    _itemsize,
     _Laps,
-    _memory_budget,
     _read,
     _texts,
+    chunk_hessians,
     fp8_groups,
 )
 from ..checkpoint import ALPHAS, awq_linear, awq_pqs, linear_shapes, rounded_at
@@ -111,20 +108,10 @@ def round_groups(
     """Every group's linears under every candidate (steps 1 to 3)."""
     out = Linears()
     dtype = torch_dtype(choice.dtype)
-    for chunk in _chunks(groups, _memory_budget(device), _itemsize(device)):
+    for chunk, hessians, seconds in chunk_hessians(model, groups, fit_ids, batch=batch,
+                                                   device=device, progress=progress):  # fmt: skip
         layers = f"{chunk[0].group.layer}-{chunk[-1].group.layer}"
-        progress(f"input Hessians of layers {layers}")
-        begun = time.perf_counter()
-        hessians: dict[str, torch.Tensor] = {}
-        handles = _hessian_hooks(model, chunk, hessians)
-        try:
-            with torch.inference_mode():
-                for row in range(0, fit_ids.shape[0], batch):
-                    model(fit_ids[row : row + batch].to(device), use_cache=False, logits_to_keep=1)
-        finally:
-            for handle in handles:
-                handle.remove()
-        out.hessian_seconds += time.perf_counter() - begun
+        out.hessian_seconds += seconds
         progress(f"choosing alpha and rounding layers {layers}")
         for g in chunk:
             weight = _read(g, index, model, device, dtype).float()
