@@ -25,7 +25,7 @@ from ..models.shape import AttentionShape
 from ..modes import mode_of
 from ..modes.weight_only.checkpoint import WEIGHT_ONLY_LINEARS
 from ..targets.llmapi.checkpoint.unified import WEIGHT_SCALE
-from .fp8 import fp8_kernel_runs, fp8_matmul
+from .fp8 import fp8_kernel_runs, fp8_matmul, simulation_dtype
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 
 
@@ -175,12 +175,12 @@ class CheckpointRuntime:
 
     # -- numerics ---------------------------------------------------------------------------
     def _dequantize(self, name: str) -> torch.Tensor:
-        """A weight as float32, INT8-rounded where the engine quantizes it."""
+        """A weight as float32 (e4m3: as fp8_matmul sums), INT8-rounded where the engine rounds it."""
         w = self.w[name]
         if w.dtype == torch.int8 and self.smoothquant:
             return w.float()  # exact integers; the scales are applied around the GEMM
-        if w.dtype == E4M3:  # exact in float32, for the simulated GEMM; the tensor cores read
-            return w if fp8_kernel_runs(w.device) else w.float()  # it as stored (no copy)
+        if w.dtype == E4M3:  # in the simulated GEMM's dtype; the tensor cores read it as stored
+            return w if fp8_kernel_runs(w.device) else w.to(simulation_dtype(w.device))
         if w.dtype == torch.uint8 and self.fp4:  # exact in float32: e2m1 x e4m3 x float32
             base = name.removesuffix(".weight")
             return nvfp4.dequantize(nvfp4.unpack_columns(w), self.w[f"{base}.weights_scaling_factor"],

@@ -8,9 +8,18 @@ checkpoint/fp8.py says), the checkpoint runtime executes them.
 - the GEMM multiplies e4m3 by e4m3, accumulates in float32 and scales the sum by alpha = a * w.
 
 On a CUDA GPU of SM 89 and up the GEMM runs on FP8 tensor cores (`torch._scaled_mm`); elsewhere,
-and for shapes _scaled_mm does not take (K or N not a multiple of 16), it is simulated: the
-e4m3 values are exact in float32, and so is each product of two of them (4 + 4 significant
-bits), so the simulation differs from the tensor cores only in the order of the float32 sums.
+and for shapes _scaled_mm does not take (K or N not a multiple of 16), it is simulated. On the
+CPU the simulation is exact: each product of two e4m3 values has at most 8 significant bits and
+is a multiple of 2^-18, and a sum of K of them is at most K * 448^2, so in float64 every partial
+sum is exact for K up to 2^17, in any order; the float32 result is the exact sum rounded once,
+the same on any number of threads and any row blocking. A float32 sum's order follows the BLAS
+kernel's partition of the GEMM, which follows the thread count, and an FP8 model amplifies the
+difference (an activation that crosses an e4m3 rounding boundary moves by 1/16): the default
+model's verify figures moved by a point of top-1 between the two, and a served model's near-tie
+token came out otherwise than the test process's. float64 costs the CPU about 1.7x a float32
+GEMM; on a GPU without FP8 tensor cores (float64 at 1/64 rate on some) the simulation sums in
+float32, and so does the recipe search's (`exact=False`: it ranks candidates, and runs the most
+GEMMs). The tensor cores sum in float32 in an order of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +37,12 @@ def fp8_kernel_runs(device: torch.device) -> bool:
     return device.type == "cuda" and _capability(device.index) >= (8, 9)
 
 
+def simulation_dtype(device: torch.device, exact: bool | None = None) -> torch.dtype:
+    """The dtype the simulated GEMM sums in: float64 (exact) on the CPU unless told otherwise."""
+    exact = device.type == "cpu" if exact is None else exact
+    return torch.float64 if exact else torch.float32
+
+
 @functools.cache
 def _capability(index: int | None) -> tuple[int, int]:
     """Asked once per device: fp8_matmul asks on every GEMM."""
@@ -36,11 +51,12 @@ def _capability(index: int | None) -> tuple[int, int]:
 
 def fp8_matmul(
     xq: torch.Tensor, wq: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-    *, kernel: bool | None = None, w_float: torch.Tensor | None = None,
+    *, kernel: bool | None = None, w_float: torch.Tensor | None = None, exact: bool | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """e4m3 x [..., k] times e4m3 w [n, k], scaled by x_scale * w_scale: float32 [..., n].
-    `kernel`: use the FP8 tensor cores (None: where they run); `w_float`: w as float32, for
-    the simulation (a caller that multiplies by w often keeps it, rather than cast it per call)."""
+    `kernel`: use the FP8 tensor cores (None: where they run); `exact`: simulate with exact
+    sums (None: on the CPU); `w_float`: w in the simulation's dtype (simulation_dtype), which a
+    caller that multiplies by w often keeps rather than cast it per call."""
     flat = xq.reshape(-1, xq.shape[-1])
     k, n = flat.shape[1], wq.shape[0]
     alpha = (x_scale.float() * w_scale.float()).reshape(())
@@ -60,5 +76,6 @@ def fp8_matmul(
             flat.contiguous(), wq.t(), scale_a=one, scale_b=one, out_dtype=torch.float32
         )
     else:
-        acc = flat.float() @ (wq.float() if w_float is None else w_float).T
+        dtype = simulation_dtype(xq.device, exact)
+        acc = (flat.to(dtype) @ (wq.to(dtype) if w_float is None else w_float).T).float()
     return (acc * alpha).reshape(*xq.shape[:-1], n)
