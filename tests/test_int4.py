@@ -332,13 +332,38 @@ def test_compensated_rounding_lowers_the_gemm_error_at_the_same_group_scales() -
     )
 
 
+def test_clipped_group_scales_lower_each_groups_output_error_on_heavy_tailed_weights() -> None:
+    """AWQ's clip search, scored with the input Hessian's diagonal blocks: on weights with
+    heavy tails (Student-t, as trained weights have) most groups take a ratio below 1, no
+    group's error d H_gg d^T is above absmax's, and the whole error is lower."""
+    from trt_builder.checkpoint.int4 import dequantize, group_scales, quantize_groups
+    from trt_builder.modes.int4_awq.recipe.clipping import clipped_scales
+
+    gen = torch.Generator().manual_seed(0)
+    heavy = torch.distributions.StudentT(3.0).sample((64, 256))
+    mixing = torch.eye(256) + torch.randn(256, 256, generator=gen) / 8
+    x = torch.randn(4096, 256, generator=gen) @ mixing
+    h = x.T @ x
+    plain, clipped = group_scales(heavy, 64), clipped_scales(heavy, h, 64, torch.float16)
+
+    def group_errors(scales: torch.Tensor) -> torch.Tensor:
+        d = (heavy - dequantize(quantize_groups(heavy, scales), scales, torch.float16)).double()
+        d = d.reshape(64, 4, 64)
+        blocks = h.double().reshape(4, 64, 4, 64).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+        return torch.einsum("rgi,gij,rgj->rg", d, blocks, d)
+
+    assert float((clipped < plain).double().mean()) > 0.5
+    assert bool((group_errors(clipped) <= group_errors(plain) * (1 + 1e-6)).all())
+    assert float(group_errors(clipped).sum()) < 0.9 * float(group_errors(plain).sum())
+
+
 def test_the_search_scores_its_candidates_and_convert_writes_what_it_chose(
     tiny_llama: Path, calibrated: Path, tmp_path: Path
 ) -> None:
     """The recipe: each candidate scored with standard errors, the choice one of them, an alpha
     (or none) for every quantized GEMM, fc and gate alike; convert writes the recipe's alphas
-    and, for a compensated choice, its INT4 values bit for bit; a recipe made at another group
-    size is refused."""
+    and, unless convert's own "awq" is chosen, its INT4 values and (clipped) group scales bit
+    for bit; a recipe of other weights, or made at another group size, is refused."""
     from safetensors.torch import save_file
 
     from trt_builder.modes.int4_awq.recipe.search import WEIGHTS, search_int4
@@ -370,6 +395,13 @@ def test_the_search_scores_its_candidates_and_convert_writes_what_it_chose(
     for name, tensor in tensors.items():
         assert torch.equal(written[name], tensor), name
     assert bool(torch.isfinite(CheckpointRuntime.load(out).forward(IDS)).all())
+    if tensors:  # a scale no clip ratio of these weights gives: a recipe of other weights
+        name = "transformer.layers.1.mlp.proj.weights_scaling_factor"
+        save_file({**tensors, name: tensors[name] * 0.5}, str(recipe / WEIGHTS))
+        (tmp_path / "tampered").mkdir()
+        with pytest.raises(ConversionError, match=r"mlp\.proj\.weight was made from other weights"):
+            convert_model(Int4Awq(), tiny_llama, tmp_path / "tampered", tp=1, pp=1,
+                          calibration=calibrated, recipe=recipe / "recipe.json")  # fmt: skip
     found["group_size"] = 128
     (recipe / "recipe.json").write_text(json.dumps(found))
     (tmp_path / "other").mkdir()

@@ -42,7 +42,8 @@ _stage_command(
     "recipe",
     ("recipe",),
     "Search what a mode leaves to measured accuracy, in memory on the calibration device: "
-    "SmoothQuant's alphas (--dtype int8 --sq-alpha auto), FP8's weight rounding (--dtype fp8); "
+    "SmoothQuant's alphas (--dtype int8 --sq-alpha auto), FP8's weight rounding (--dtype fp8), "
+    "INT4 AWQ's scales and rounding (--dtype int4-awq), NVFP4's rounding (--dtype nvfp4); "
     "shared by variants.",
     "trt-builder recipe --dtype int8 --calib-device cuda",
 )

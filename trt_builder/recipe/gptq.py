@@ -13,9 +13,25 @@ grids, inside their model wrappers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
+
+
+@contextmanager
+def tf32() -> Iterator[None]:
+    """float32 matrix products on CUDA in TF32 while inside (the CPU is untouched): for error
+    sums that rank candidates, where TF32's 1e-3 relative error changes no ranking that
+    matters and the tensor cores do the work several times faster."""
+    matmul = torch.backends.cuda.matmul
+    setting = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"  # < 2.9
+    before = getattr(matmul, setting)
+    setattr(matmul, setting, "tf32" if setting == "fp32_precision" else True)
+    try:
+        yield
+    finally:
+        setattr(matmul, setting, before)
 
 
 def inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:

@@ -16,6 +16,11 @@ from ...models.shape import AttentionShape
 ALPHAS = tuple(i / 10 for i in range(11))
 
 
+#: AWQ's auto_clip grid (its max_shrink 0.5 over n_grid 20): the ratios of a group's absmax a
+#: searched group scale may take (recipe/clipping.py chooses; convert checks a recipe by them).
+CLIP_RATIOS = tuple(1 - i / 20 for i in range(10))
+
+
 def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Each quantized linear's (out, in) features, whole (TensorRT-LLM names)."""
     hidden = int(config["hidden_size"])

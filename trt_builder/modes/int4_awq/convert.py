@@ -49,7 +49,7 @@ from ...core.errors import ConversionError, SpecError
 from ...core.fsio import write_json
 from .. import FloatMode
 from ..kvcache.convert import KVCacheScales
-from .checkpoint import awq_linear, awq_pqs, linear_shapes, rounded_at
+from .checkpoint import CLIP_RATIOS, awq_linear, awq_pqs, linear_shapes, rounded_at
 from .spec import Int4Awq
 
 #: The GEMMs stored as INT4 (TensorRT-LLM names within a decoder layer): FP8's five.
@@ -217,22 +217,28 @@ class Searched:
         pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
         values, scales, _ = rounded_at(weight, pqs, group, dtype)
         if self.weights is not None:
-            values = torch.cat([
-                self._values(f"transformer.layers.{layer}.{name}", own)
-                for name, own in zip(names, scales.split(counts), strict=True)
-            ]).to(values.device)  # fmt: skip
+            parts = [self._tensors(f"transformer.layers.{layer}.{name}", own)
+                     for name, own in zip(names, scales.split(counts), strict=True)]  # fmt: skip
+            values = torch.cat([v for v, _ in parts]).to(values.device)
+            scales = torch.cat([s for _, s in parts]).to(scales.device)
         return {"weight": values, "weights_scaling_factor": scales,
                 "prequant_scaling_factor": pqs}  # fmt: skip
 
-    def _values(self, name: str, scales: torch.Tensor) -> torch.Tensor:
+    def _tensors(self, name: str, own: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recipe's INT4 values and group scales of `name`, its scales checked against
+        `own` (absmax / 7 of these weights): each one of the clip ratios' (modes/int4_awq/
+        recipe/clipping.py) or a recipe made from other weights."""
         assert self.weights is not None
         at = self.weights.read(name.removesuffix(".weight") + ".weights_scaling_factor")
-        if not torch.equal(at, scales.cpu()):
+        ratio = at / own.cpu()
+        if at.shape != own.shape or not bool(
+            ((ratio >= CLIP_RATIOS[-1] * (1 - 1e-6)) & (ratio <= 1 + 1e-6)).all()
+        ):
             raise ConversionError(
                 f"the recipe's INT4 rounding of {name} was made from other weights: rerun the "
                 "recipe (trt-builder recipe --dtype int4-awq --force)"
             )
-        return unpack_rows(self.weights.read(name))
+        return unpack_rows(self.weights.read(name)), at
 
 
 def _partner(name: str) -> str:

@@ -12,16 +12,20 @@ text the model samples itself; modes/fp8/recipe/search.py `_texts`):
 2. **Alpha.** For each group, on the grid 0, 0.1, ..., 1 and no scale at all, the output error
    of nearest rounding on the fit tokens, tr(dW H dW^T) with dW = W - p Q(W / p): the least.
    (convert alone chooses alpha with H's diagonal: the calibration keeps no covariance.)
-3. **Round.** At that alpha's scales: to nearest, and error-compensated (rounding.py: GPTQ's
-   update at the group scales, on diag(p) H diag(p)).
-4. **Score** "awq" (convert's own choice: diagonal alpha, nearest), "hessian" (step 2's alpha,
-   nearest) and "compensated" (step 2's alpha, step 3's rounding), simulated in the
+3. **Clip.** Each group's scale: absmax / 7 shrunk by the ratio on AWQ's auto_clip grid whose
+   nearest rounding has the least output error with the group's block of diag(p) H diag(p)
+   (clipping.py).
+4. **Round.** At those scales: to nearest, and error-compensated (rounding.py: GPTQ's update
+   at the group scales, on diag(p) H diag(p)).
+5. **Score** "awq" (convert's own choice: diagonal alpha, absmax scales, nearest), "hessian"
+   (step 2's alpha, step 3's scales, nearest) and "compensated" (the same, step 4's
+   rounding), simulated in the
    transformers model on `tokens` not fitted on (recipe/score.py: mean KL from the float model
    per window; successive halving), and choose the least mean KL, or a simpler candidate within
    two standard errors of it.
 
-The recipe (recipe.json: the choice, each group's alpha by checkpoint tensor name) and, for
-"compensated", the chosen INT4 values (weights.safetensors, packed as the checkpoint packs them,
+The recipe (recipe.json: the choice, each group's alpha by checkpoint tensor name) and, unless
+"awq" is chosen, the chosen INT4 values (weights.safetensors, packed as the checkpoint packs them,
 with their group scales, by checkpoint name) leave this step; convert writes them.
 
 FP8's search lends its texts, Hessian hooks, chunking and weight reading (the same groups and
@@ -36,30 +40,37 @@ from typing import Any
 
 import torch
 
-from ....checkpoint.int4 import dequantize, pack_rows
+from ....checkpoint.int4 import dequantize, pack_rows, quantize_groups
 from ....checkpoint.safetensors_io import SafetensorsIndex
 from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
 from ....models.registry import family_for
+from ....recipe.gptq import tf32
 from ....recipe.score import Scorer, choose_simplest, figures, halving, mean_se, searched_model
 from ....source.files import read_hf_config
 from ...fp8.recipe.search import (
     Fp8Group,
     Fp8Simulation,
+    _by_shape,
     _Laps,
     _read,
+    _sub_batches,
     _texts,
     chunk_hessians,
     fp8_groups,
 )
 from ..checkpoint import ALPHAS, awq_linear, awq_pqs, linear_shapes, rounded_at
 from ..spec import Int4Awq, Int4SearchSet
+from .clipping import clipped_scales
 from .rounding import compensated_int4
 
 #: The candidates from the simplest: one not worse than a later one by two standard errors of
 #: their paired per-window KL difference is chosen over it.
 SIMPLEST_FIRST = ("awq", "hessian", "compensated")
-#: The file beside recipe.json that holds the compensated INT4 values.
+#: The candidate convert computes itself from the recipe's alphas: the others' INT4 values and
+#: (clipped) group scales travel in the recipe's weights file.
+CONVERTS = "awq"
+#: The file beside recipe.json that holds the chosen INT4 values and group scales.
 WEIGHTS = "weights.safetensors"
 
 
@@ -78,16 +89,19 @@ class Linears:
 def _hessian_alpha(
     weight: torch.Tensor, sqmean: torch.Tensor, h: torch.Tensor, group: int, dtype: torch.dtype
 ) -> float | None:
-    """The alpha (None: no scale) whose nearest rounding has the least tr(dW H dW^T)."""
+    """The alpha (None: no scale) whose nearest rounding has the least tr(dW H dW^T); on CUDA
+    the products in TF32 (a 7B model's candidates are 30 TFLOP a layer; an error's relative
+    change from TF32 is about 1e-3, far below what separates the alphas' errors)."""
     best: tuple[float, float | None] | None = None
     hf = h.to(weight.device, torch.float32)
-    for alpha in (None, *ALPHAS):
-        pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
-        _, _, effective = rounded_at(weight, pqs, group, dtype)
-        delta = weight - effective
-        error = float(((delta @ hf) * delta).sum())
-        if best is None or error < best[0]:
-            best = (error, alpha)
+    with tf32():
+        for alpha in (None, *ALPHAS):
+            pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
+            _, _, effective = rounded_at(weight, pqs, group, dtype)
+            delta = weight - effective
+            error = float(((delta @ hf) * delta).sum())
+            if best is None or error < best[0]:
+                best = (error, alpha)
     assert best is not None
     return best[1]
 
@@ -105,7 +119,9 @@ def round_groups(
     device: str,
     progress: Any,
 ) -> Linears:
-    """Every group's linears under every candidate (steps 1 to 3)."""
+    """Every group's linears under every candidate (steps 1 to 3); the error-compensated
+    rounding batched over the chunk's groups of one shape (one GPTQ column loop for all of
+    them: at 7B on a GPU, per group, the loop's kernel launches took most of the search)."""
     out = Linears()
     dtype = torch_dtype(choice.dtype)
     for chunk, hessians, seconds in chunk_hessians(model, groups, fit_ids, batch=batch,
@@ -113,24 +129,40 @@ def round_groups(
         layers = f"{chunk[0].group.layer}-{chunk[-1].group.layer}"
         out.hessian_seconds += seconds
         progress(f"choosing alpha and rounding layers {layers}")
-        for g in chunk:
-            weight = _read(g, index, model, device, dtype).float()
-            sqmean = stats[f"{g.group.modules[0]}.input_sqmean"].float().to(device)
-            h = hessians.pop(g.key)
-            diagonal, diagonal_alpha, _ = awq_linear(weight, sqmean, group, dtype)
-            alpha = _hessian_alpha(weight, sqmean, h, group, dtype)
-            pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
-            values, scales, _ = rounded_at(weight, pqs, group, dtype)
-            p = pqs.double().to(h.device)
-            compensated = compensated_int4((weight / pqs.float())[None], (h * p[:, None] * p)[None],
-                                           scales[None], damp=choice.damp, block=choice.block)[0]  # fmt: skip
-            out.alpha["awq"][g.key] = diagonal_alpha
-            out.tensors["awq"][g.key] = (diagonal["prequant_scaling_factor"], diagonal["weight"],
-                                         diagonal["weights_scaling_factor"])  # fmt: skip
-            for name in ("hessian", "compensated"):
-                out.alpha[name][g.key] = alpha
-            out.tensors["hessian"][g.key] = (pqs, values, scales)
-            out.tensors["compensated"][g.key] = (pqs, compensated, scales)
+        for same in _by_shape(chunk):
+            scaled_h = {}  # group key -> diag(p) H diag(p), the Hessian of the GEMM's input
+            for g in same:
+                weight = _read(g, index, model, device, dtype).float()
+                sqmean = stats[f"{g.group.modules[0]}.input_sqmean"].float().to(device)
+                h = hessians.pop(g.key)
+                diagonal, diagonal_alpha, _ = awq_linear(weight, sqmean, group, dtype)
+                alpha = _hessian_alpha(weight, sqmean, h, group, dtype)
+                pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
+                p = pqs.double().to(h.device)
+                scaled = h * p[:, None] * p  # float64; GPTQ works in float32 on a GPU
+                scaled_h[g.key] = scaled if scaled.device.type == "cpu" else scaled.float()
+                scales = clipped_scales(weight / pqs.float(), scaled_h[g.key], group, dtype)
+                values = quantize_groups(weight / pqs.float(), scales)
+                out.alpha["awq"][g.key] = diagonal_alpha
+                out.tensors["awq"][g.key] = (diagonal["prequant_scaling_factor"],
+                                             diagonal["weight"], diagonal["weights_scaling_factor"])  # fmt: skip
+                for name in ("hessian", "compensated"):
+                    out.alpha[name][g.key] = alpha
+                out.tensors["hessian"][g.key] = (pqs, values, scales)
+                del weight, h, scaled
+            for part in _sub_batches(same, device):
+                tensors = [out.tensors["hessian"][g.key] for g in part]
+                compensated = compensated_int4(
+                    torch.stack([_read(g, index, model, device, dtype).float() / pqs.float()
+                                 for g, (pqs, _, _) in zip(part, tensors, strict=True)]),
+                    torch.stack([scaled_h.pop(g.key) for g in part]),
+                    torch.stack([scales for _, _, scales in tensors]),
+                    damp=choice.damp,
+                    block=choice.block,
+                )  # fmt: skip
+                for g, (pqs, _, scales), values in zip(part, tensors, compensated.unbind(),
+                                                       strict=True):  # fmt: skip
+                    out.tensors["compensated"][g.key] = (pqs, values, scales)
     return out
 
 
@@ -170,7 +202,7 @@ def search_int4(
     handoff: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen INT4 values, packed, with their group
-    scales, by checkpoint tensor name, on the CPU: none unless "compensated" is chosen)."""
+    scales, by checkpoint tensor name, on the CPU: none where "awq", convert's own, is chosen)."""
     from ....calibrate.stats import load_stats
 
     start = time.perf_counter()
@@ -202,15 +234,15 @@ def search_int4(
     lead, lead_se = mean_se(per_window[runner]["kl"] - per_window[winner]["kl"])
     laps("score")
     alphas = {name: linears.alpha[winner][g.key] for g in groups for name in _names(g)}
-    tensors = chosen_tensors(groups, linears.tensors[winner]) if winner == "compensated" else {}
+    tensors = chosen_tensors(groups, linears.tensors[winner]) if winner != CONVERTS else {}
     recipe = {
         "mode": "int4_awq",
         "method": (
             "each GEMM group's AWQ exponent (awq_lite's grid, or no scale) and its INT4 "
             "rounding at the group scales: convert's own (alpha by the calibrated diagonal "
             "error, nearest), alpha by the fit tokens' output error with their input Hessians "
-            "(nearest), or that alpha with error-compensated rounding (GPTQ's update at the "
-            "group scales, act-order); simulated in memory; fitted and scored on prose of the "
+            "and each group's scale clipped by its block of them (nearest), or those with "
+            "error-compensated rounding (GPTQ's update at the group scales, act-order); simulated in memory; fitted and scored on prose of the "
             "search split and text the model sampled itself, half each, by mean KL divergence "
             "from the float model (standard errors over windows of 256 tokens); the least KL, "
             "or a simpler candidate within two standard errors of it"

@@ -38,8 +38,10 @@ from ....source.files import read_hf_config
 from ...fp8.recipe.search import (
     Fp8Group,
     Fp8Simulation,
+    _by_shape,
     _Laps,
     _read,
+    _sub_batches,
     _texts,
     chunk_hessians,
     fp8_groups,
@@ -79,7 +81,8 @@ def round_groups(
     device: str,
     progress: Any,
 ) -> Blocks:
-    """Every group's codes both ways (steps 1 and 2)."""
+    """Every group's codes both ways (steps 1 and 2); the error-compensated rounding batched
+    over the chunk's groups of one shape (one GPTQ column loop for all of them)."""
     out = Blocks()
     dtype = torch_dtype(choice.dtype)
     for chunk, hessians, seconds in chunk_hessians(model, groups, fit_ids, batch=batch,
@@ -87,18 +90,28 @@ def round_groups(
         layers = f"{chunk[0].group.layer}-{chunk[-1].group.layer}"
         out.hessian_seconds += seconds
         progress(f"rounding layers {layers}")
-        for g in chunk:
-            weight = _read(g, index, model, device, dtype).float()
-            scale_2 = nvfp4.global_scale(weight.abs().amax())
-            scales = nvfp4.block_scales(weight, scale_2)
-            amax = stats[f"{g.group.modules[0]}.input_absmax"].float().amax()
-            a = nvfp4.global_scale(amax).to(device)
-            steps = (scales.float() * scale_2).repeat_interleave(nvfp4.BLOCK, dim=1)
-            values = compensated_on_grid(weight[None], hessians.pop(g.key)[None], steps[None],
-                                         _e2m1_grid, damp=choice.damp, block=choice.block)[0]  # fmt: skip
-            out.tensors["amax"][g.key] = (nvfp4.quantize_blocks(weight, scales, scale_2),
-                                          scales, scale_2, a)  # fmt: skip
-            out.tensors["compensated"][g.key] = (nvfp4.to_codes(values), scales, scale_2, a)
+        for same in _by_shape(chunk):
+            for g in same:
+                weight = _read(g, index, model, device, dtype).float()
+                scale_2 = nvfp4.global_scale(weight.abs().amax())
+                scales = nvfp4.block_scales(weight, scale_2)
+                amax = stats[f"{g.group.modules[0]}.input_absmax"].float().amax()
+                a = nvfp4.global_scale(amax).to(device)
+                out.tensors["amax"][g.key] = (nvfp4.quantize_blocks(weight, scales, scale_2),
+                                              scales, scale_2, a)  # fmt: skip
+                del weight
+            for part in _sub_batches(same, device):
+                tensors = [out.tensors["amax"][g.key] for g in part]
+                values = compensated_on_grid(
+                    torch.stack([_read(g, index, model, device, dtype).float() for g in part]),
+                    torch.stack([hessians.pop(g.key) for g in part]),
+                    torch.stack([(scales.float() * scale_2).repeat_interleave(nvfp4.BLOCK, dim=1)
+                                 for _, scales, scale_2, _ in tensors]),
+                    _e2m1_grid, damp=choice.damp, block=choice.block,
+                )  # fmt: skip
+                for g, (_, scales, scale_2, a), v in zip(part, tensors, values.unbind(),
+                                                         strict=True):  # fmt: skip
+                    out.tensors["compensated"][g.key] = (nvfp4.to_codes(v), scales, scale_2, a)
     return out
 
 
