@@ -141,15 +141,16 @@ def round_groups(
                 p = pqs.double().to(h.device)
                 scaled = h * p[:, None] * p  # float64; GPTQ works in float32 on a GPU
                 scaled_h[g.key] = scaled if scaled.device.type == "cpu" else scaled.float()
-                scales = clipped_scales(weight / pqs.float(), scaled_h[g.key], group, dtype)
-                values = quantize_groups(weight / pqs.float(), scales)
+                gemm_weight = weight / pqs.float()  # what the GEMM multiplies by: W / p
+                scales = clipped_scales(gemm_weight, scaled_h[g.key], group, dtype)
+                values = quantize_groups(gemm_weight, scales)
                 out.alpha["awq"][g.key] = diagonal_alpha
                 out.tensors["awq"][g.key] = (diagonal["prequant_scaling_factor"],
                                              diagonal["weight"], diagonal["weights_scaling_factor"])  # fmt: skip
                 for name in ("hessian", "compensated"):
                     out.alpha[name][g.key] = alpha
                 out.tensors["hessian"][g.key] = (pqs, values, scales)
-                del weight, h, scaled
+                del weight, h, scaled, gemm_weight
             for part in _sub_batches(same, device):
                 tensors = [out.tensors["hessian"][g.key] for g in part]
                 compensated = compensated_int4(
