@@ -4,7 +4,8 @@ Per decoder layer, for each GEMM TensorRT-LLM's FP4Linear / FP4RowLinear replace
 fc, gate, proj), as modelopt 0.47's export writes them (checkpoint/nvfp4.py: the format):
 - `weight`: uint8 [out, in / 2], the e2m1 codes of W (rounded to the model dtype first, the
   model modelopt quantizes), two a byte along the input; each rank packs its own;
-- `weights_scaling_factor`: float8_e4m3fn [out, in / 16], the block scales (not swizzled:
+- `weights_scaling_factor`: float8_e4m3fn [out, in / 16], the block scales (the recipe's, or
+  each block's absmax / (6 s2) rounded to e4m3; not swizzled:
   trtllm-build interleaves them itself);
 - `weights_scaling_factor_2`: float32 scalar (shape [], as modelopt writes it), amax(|W|) /
   (6 x 448); fc and gate share the larger
@@ -50,6 +51,7 @@ from ...core.errors import ConversionError
 from ...core.fsio import write_json
 from .. import FloatMode
 from ..kvcache.convert import KVCacheScales
+from .blocks import is_candidate
 from .spec import GROUP_SIZE, Nvfp4
 
 #: The GEMMs stored in NVFP4 (TensorRT-LLM names within a decoder layer): FP8's five.
@@ -149,9 +151,9 @@ def convert_nvfp4(
                     amax = torch.maximum(amax, floats[partner].to(dtype).float().abs().amax())
                 linear = nvfp4_linear(weight, global_scale(amax))
                 if chosen is not None:
-                    recipe_codes = chosen(f"transformer.layers.{i}.{name}", linear)
-                    if recipe_codes is not None:
-                        linear["weight"] = recipe_codes
+                    searched = chosen(f"transformer.layers.{i}.{name}", linear)
+                    if searched is not None:
+                        linear["weight"], linear["weights_scaling_factor"] = searched
                 out.update({f"{base}.{k}": v for k, v in linear.items()})
                 out[f"{base}.activation_scaling_factor"] = input_global_scale(stats, module).to(
                     tensor.device
@@ -177,8 +179,10 @@ def convert_nvfp4(
 def _recipe(
     recipe: Path | None, stack: ExitStack
 ) -> tuple[dict[str, Any] | None, Callable[[str, dict[str, torch.Tensor]], Any] | None]:
-    """(recipe.json, the chosen codes of a checkpoint tensor given its nearest-rounded
-    tensors: None where the recipe rounds it to nearest too); (None, None) without a recipe."""
+    """(recipe.json, the chosen codes and block scales of a checkpoint tensor given its
+    nearest-rounded tensors: None where the recipe takes convert's own); (None, None) without a
+    recipe. Each recipe block scale must be one of the candidates of convert's own
+    (modes/nvfp4/blocks.py), or the recipe was made from other weights."""
     if recipe is None:
         return None, None
     if not recipe.is_file():
@@ -189,17 +193,20 @@ def _recipe(
     weights = stack.enter_context(SafetensorsIndex([recipe.parent / found["weights"]]))
     names = set(weights.names())
 
-    def chosen(name: str, linear: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def chosen(
+        name: str, linear: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if name not in names:
             return None
         at = weights.read(name.removesuffix(".weight") + ".weights_scaling_factor")
-        own = linear["weights_scaling_factor"]
-        if not torch.equal(at.view(torch.uint8), own.cpu().view(torch.uint8)):
+        own = linear["weights_scaling_factor"].cpu()
+        if at.shape != own.shape or not bool(is_candidate(at, own).all()):
             raise ConversionError(
                 f"the recipe's NVFP4 rounding of {name} was made from other weights: rerun the "
                 "recipe (trt-builder recipe --dtype nvfp4 --force)"
             )
-        return unpack_columns(weights.read(name)).to(own.device)
+        device = linear["weights_scaling_factor"].device
+        return unpack_columns(weights.read(name)).to(device), at.to(device)
 
     return found, chosen
 

@@ -1,22 +1,25 @@
-"""The NVFP4 recipe search: each weight's e2m1 rounding at convert's block scales,
-error-compensated or to nearest, chosen by measured accuracy, in memory.
+"""The NVFP4 recipe search: each block's scale and each weight's e2m1 rounding, chosen by
+measured accuracy, in memory.
 
-The format and the scales are fixed (modes/nvfp4/convert.py: global scale amax / (6 x 448),
-block scales from each block's absmax); what is left to choose is which e2m1 value each weight
-takes. On FP8's texts and with FP8's Hessians (modes/fp8/recipe/search.py: the same GEMM
-groups, fit tokens apart from scoring tokens, half prose of the search split and half the
-model's own text):
+The format and the global scale are fixed (modes/nvfp4/convert.py: global scale amax / (6 x
+448)); left to choose are each block's e4m3 scale, among the grid around its absmax / (6 s2)
+(modes/nvfp4/blocks.py), and which e2m1 value each weight takes. On FP8's texts and with FP8's
+Hessians (modes/fp8/recipe/search.py: the same GEMM groups, fit tokens apart from scoring
+tokens, half prose of the search split and half the model's own text):
 
 1. **Hessians.** H = X^T X of each group's float input (qkv, dense, fc with gate, proj).
-2. **Round.** Each group's weights to nearest (convert's, modelopt's rounding) and
-   error-compensated (GPTQ's update at the block scales, recipe/gptq.py).
-3. **Score** "amax" (nearest) and "compensated", simulated in the transformers model with
+2. **Scales.** Each block's scale with the least output error of its nearest rounding with
+   its 16 x 16 block of H (scales.py).
+3. **Round.** Each group's weights to nearest at convert's scales (convert's, modelopt's
+   rounding), to nearest at step 2's, and error-compensated at step 2's (GPTQ's update at the
+   block scales, recipe/gptq.py).
+4. **Score** "amax", "scales" and "compensated", simulated in the transformers model with
    the inputs quantized as the FP4 GEMM quantizes them (calibrated global scales), by mean KL
-   from the float model per window; the least, or the simpler within two standard errors.
+   from the float model per window; the least, or a simpler one within two standard errors.
 
-The recipe (recipe.json) and, for "compensated", the chosen codes (weights.safetensors,
-packed as the checkpoint packs them, with their block scales, by checkpoint name) leave this
-step; convert writes them.
+The recipe (recipe.json) and, unless "amax" (convert's own) is chosen, the chosen codes
+(weights.safetensors, packed as the checkpoint packs them, with their block scales, by
+checkpoint name) leave this step; convert writes them.
 """
 
 from __future__ import annotations
@@ -47,9 +50,15 @@ from ...fp8.recipe.search import (
     fp8_groups,
 )
 from ..spec import Nvfp4SearchSet
+from .scales import searched_scales
 
-#: The candidates from the simplest.
-SIMPLEST_FIRST = ("amax", "compensated")
+#: The candidates from the simplest: "amax" (convert's own: block scales from the amax, nearest
+#: codes), "scales" (searched block scales, nearest codes), "compensated" (those scales, GPTQ's
+#: codes).
+SIMPLEST_FIRST = ("amax", "scales", "compensated")
+#: The candidate convert computes itself: the others' codes and block scales travel in the
+#: recipe's weights file.
+CONVERTS = "amax"
 #: The file beside recipe.json that holds the compensated codes.
 WEIGHTS = "weights.safetensors"
 
@@ -99,9 +108,12 @@ def round_groups(
                 a = nvfp4.global_scale(amax).to(device)
                 out.tensors["amax"][g.key] = (nvfp4.quantize_blocks(weight, scales, scale_2),
                                               scales, scale_2, a)  # fmt: skip
+                scales = searched_scales(weight, hessians[g.key], scale_2)
+                out.tensors["scales"][g.key] = (nvfp4.quantize_blocks(weight, scales, scale_2),
+                                                scales, scale_2, a)  # fmt: skip
                 del weight
             for part in _sub_batches(same, device):
-                tensors = [out.tensors["amax"][g.key] for g in part]
+                tensors = [out.tensors["scales"][g.key] for g in part]
                 values = compensated_on_grid(
                     torch.stack([_read(g, index, model, device, dtype).float() for g in part]),
                     torch.stack([hessians.pop(g.key) for g in part]),
@@ -153,7 +165,7 @@ def search_nvfp4(
     handoff: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen codes, packed, with their block scales,
-    by checkpoint tensor name, on the CPU: none unless "compensated" is chosen)."""
+    by checkpoint tensor name, on the CPU: none where "amax", convert's own, is chosen)."""
     start = time.perf_counter()
     hf_config = read_hf_config(hf_dir)
     device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
@@ -178,13 +190,15 @@ def search_nvfp4(
     winner, runner = choose_simplest(per_window, finalists, SIMPLEST_FIRST)
     lead, lead_se = mean_se(per_window[runner]["kl"] - per_window[winner]["kl"])
     laps("score")
-    tensors = chosen_tensors(groups, blocks.tensors[winner]) if winner == "compensated" else {}
+    tensors = chosen_tensors(groups, blocks.tensors[winner]) if winner != CONVERTS else {}
     recipe = {
         "mode": "nvfp4",
         "method": (
-            "each weight's e2m1 rounding at convert's block and global scales: to nearest "
-            "(amax) or error-compensated against the float GEMM (GPTQ's update at the block "
-            "scales, act-order, Hessians from the fit tokens); simulated in memory with the "
+            "each block's e4m3 scale and each weight's e2m1 rounding at the global scale: "
+            "convert's (scales from the amax, nearest: amax), each block's scale on the e4m3 "
+            "grid around it by its output error with its block of the fit tokens' input "
+            "Hessian (nearest: scales), or those scales with error-compensated rounding "
+            "against the float GEMM (GPTQ's update, act-order: compensated); simulated in memory with the "
             "inputs block-quantized as the FP4 GEMM does; fitted and scored on prose of the "
             "search split and text the model sampled itself, half each, by mean KL divergence "
             "from the float model (standard errors over windows of 256 tokens); the least KL, "
