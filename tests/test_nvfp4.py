@@ -246,7 +246,7 @@ def test_searched_block_scales_lower_each_blocks_output_error_on_the_e4m3_grid()
     """Each block's scale from its candidates (the e4m3 grid around convert's own): on heavy
     tailed weights a third or more of the blocks take another (up or down), each is a candidate, no block's error with its
     Hessian block is above convert's scale's, and the whole error is lower."""
-    from trt_builder.modes.nvfp4.blocks import is_candidate
+    from trt_builder.modes.nvfp4.checkpoint import is_candidate
     from trt_builder.modes.nvfp4.recipe.scales import searched_scales
 
     gen = torch.Generator().manual_seed(0)

@@ -51,7 +51,7 @@ from ...core.errors import ConversionError
 from ...core.fsio import write_json
 from .. import FloatMode
 from ..kvcache.convert import KVCacheScales
-from .blocks import is_candidate
+from .checkpoint import is_candidate
 from .spec import GROUP_SIZE, Nvfp4
 
 #: The GEMMs stored in NVFP4 (TensorRT-LLM names within a decoder layer): FP8's five.
@@ -182,7 +182,7 @@ def _recipe(
     """(recipe.json, the chosen codes and block scales of a checkpoint tensor given its
     nearest-rounded tensors: None where the recipe takes convert's own); (None, None) without a
     recipe. Each recipe block scale must be one of the candidates of convert's own
-    (modes/nvfp4/blocks.py), or the recipe was made from other weights."""
+    (modes/nvfp4/checkpoint.py), or the recipe was made from other weights."""
     if recipe is None:
         return None, None
     if not recipe.is_file():

@@ -1,4 +1,4 @@
-"""Searched NVFP4 block scales: each block takes, of its candidates (modes/nvfp4/blocks.py: the
+"""Searched NVFP4 block scales: each block takes, of its candidates (modes/nvfp4/checkpoint.py: the
 e4m3 grid around absmax / (6 s2)), the scale whose nearest e2m1 rounding has the least output
 error on the fit tokens, d H_bb d^T, d the block's weights less their dequantized values, H_bb
 the block's 16 x 16 of the GEMM input's Hessian (the interactions between blocks left out, as
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ....checkpoint import nvfp4
-from ..blocks import candidates
+from ..checkpoint import candidates
 
 
 def searched_scales(

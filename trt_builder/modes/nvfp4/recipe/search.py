@@ -3,7 +3,7 @@ measured accuracy, in memory.
 
 The format and the global scale are fixed (modes/nvfp4/convert.py: global scale amax / (6 x
 448)); left to choose are each block's e4m3 scale, among the grid around its absmax / (6 s2)
-(modes/nvfp4/blocks.py), and which e2m1 value each weight takes. On FP8's texts and with FP8's
+(modes/nvfp4/checkpoint.py), and which e2m1 value each weight takes. On FP8's texts and with FP8's
 Hessians (modes/fp8/recipe/search.py: the same GEMM groups, fit tokens apart from scoring
 tokens, half prose of the search split and half the model's own text):
 
