@@ -4,6 +4,7 @@ other kernels) and FP8 against float16. A random Llama of SmolLM2-135M's width; 
 its initializer range (a larger one gives peaked logits, as a trained model has).
 
     python benchmarks/fp8_gpu.py --layers 4 --std 0.02 0.2
+    python benchmarks/fp8_gpu.py --dtype w4a8-awq   # W4A8 AWQ: its FP8 GEMM on the tensor cores
     python benchmarks/fp8_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf   # the default model
 
 With `--gguf` it runs the default model instead (fetched from the GGUF as `build` fetches it,
@@ -34,7 +35,7 @@ def main() -> None:
     from tiny_models import make_tiny_llama, make_tokenizer
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
-    from trt_builder.modes import FloatMode, Fp8
+    from trt_builder.modes import FloatMode, Fp8, W4a8Awq
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
     from trt_builder.spec.build import CalibrationOptions
 
@@ -44,6 +45,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--gguf", type=Path)
+    parser.add_argument(
+        "--dtype",
+        choices=("fp8", "w4a8-awq"),
+        default="fp8",
+        help="w4a8-awq: SmolLM2's padded twin's widths (multiples of 128)",
+    )
     args = parser.parse_args()
     if args.gguf:
         default_model(args.gguf)
@@ -53,16 +60,16 @@ def main() -> None:
         make_tokenizer(root / "tok")
         for std in args.std:
             work = root / f"std{std}"
-            make_tiny_llama(work / "hf", root / "tok", hidden_size=576, intermediate_size=1536,
-                            num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+            heads = (9, 3) if args.dtype == "fp8" else (12, 4)  # W4A8: group 128 divides 768
+            make_tiny_llama(work / "hf", root / "tok", hidden_size=heads[0] * 64,
+                            intermediate_size=1536, num_attention_heads=heads[0],
+                            num_key_value_heads=heads[1], head_dim=64,
                             num_hidden_layers=args.layers, initializer_range=std)  # fmt: skip
             (work / "cal").mkdir()
             calibrate(work / "hf", work / "cal", CalibrationOptions(samples=8, seq_len=64))
             cks = {}
-            for name, mode in (
-                ("fp8", Fp8(kv_cache="fp8", search=False)),
-                ("float16", FloatMode("float16")),
-            ):
+            quantized = Fp8(kv_cache="fp8", search=False) if args.dtype == "fp8" else W4a8Awq()
+            for name, mode in ((args.dtype, quantized), ("float16", FloatMode("float16"))):
                 cks[name] = work / name
                 cks[name].mkdir()
                 convert_model(mode, work / "hf", cks[name], tp=1, pp=1, calibration=work / "cal")
@@ -78,9 +85,9 @@ def main() -> None:
                     print(f"std {std} {name} {device}: forward {elapsed:.3f} s", flush=True)
             n = ids.numel()
             print(f"std {std}: teacher-forced top-1 over {n} positions: "
-                  f"fp8 cuda vs cpu {_agree(out['fp8', 'cuda'], out['fp8', 'cpu']):.4f}; "
+                  f"{args.dtype} cuda vs cpu {_agree(out[args.dtype, 'cuda'], out[args.dtype, 'cpu']):.4f}; "
                   f"float16 cuda vs cpu {_agree(out['float16', 'cuda'], out['float16', 'cpu']):.4f}; "
-                  f"fp8 vs float16 (cpu) {_agree(out['fp8', 'cpu'], out['float16', 'cpu']):.4f}",
+                  f"{args.dtype} vs float16 (cpu) {_agree(out[args.dtype, 'cpu'], out['float16', 'cpu']):.4f}",
                   flush=True)  # fmt: skip
 
 

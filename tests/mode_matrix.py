@@ -25,6 +25,9 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "float16-fp8kv-tp1-pp1": ("--dtype", "float16", "--kv-cache", "fp8"),
     "int4-awq-tp1-pp1": ("--dtype", "int4-awq"),
     "int4-awq-fp8kv-tp1-pp1": ("--dtype", "int4-awq", "--kv-cache", "fp8"),
+    # through the padded twin (hidden 768): W4A8's group 128 does not divide SmolLM2's 576
+    "w4a8-awq-tp1-pp1": ("--dtype", "w4a8-awq"),
+    "w4a8-awq-fp8kv-tp1-pp1": ("--dtype", "w4a8-awq", "--kv-cache", "fp8"),
     # NVFP4's engine needs Blackwell (SM 100+): the B200 target
     "nvfp4-tp1-pp1": ("--dtype", "nvfp4", "--target-gpu", "B200"),
     "nvfp4-fp8kv-tp1-pp1": ("--dtype", "nvfp4", "--kv-cache", "fp8", "--target-gpu", "B200"),
@@ -34,6 +37,7 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "fp8-fp8kv-llmapi-tp1-pp1": ("--dtype", "fp8", "--kv-cache", "fp8", "--target", "llmapi"),
     "int8-wo-llmapi-tp1-pp1": ("--dtype", "int8-wo", "--target", "llmapi"),
     "int4-awq-llmapi-tp1-pp1": ("--dtype", "int4-awq", "--target", "llmapi"),
+    "w4a8-awq-llmapi-tp1-pp1": ("--dtype", "w4a8-awq", "--target", "llmapi"),
     # on the default H100 target: served weight-only through Marlin there (docs/llmapi.md)
     "nvfp4-llmapi-tp1-pp1": ("--dtype", "nvfp4", "--target", "llmapi"),
 }

@@ -48,9 +48,10 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     b200 = doctor.inspect(tmp_path)["engine"]
     assert b200["float16"] == "yes" and b200["bfloat16"] == "yes"
     assert list(b200) == ["float16", "bfloat16", "float32", "int8", "int8-wo", "kv-cache int8",
-                          "fp8", "kv-cache fp8", "int4-awq", "nvfp4"]  # fmt: skip
+                          "fp8", "kv-cache fp8", "int4-awq", "w4a8-awq", "nvfp4"]  # fmt: skip
     assert (
         b200["int4-awq"]
+        == b200["w4a8-awq"]
         == "no: TensorRT-LLM builds INT4 weights on SM 80-90 (Ampere, Ada, Hopper), this GPU is SM 100"
     )
     assert all("refuses INT8 and SmoothQuant on SM 100" in b200[m]
@@ -62,7 +63,11 @@ def test_what_a_host_cannot_build(host: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert all(t4[m] == "no: FP8 needs SM 89 or newer, this GPU is SM 75"
                for m in ("fp8", "kv-cache fp8"))  # fmt: skip
     assert [m for m, said in t4.items() if said != "yes"] == ["bfloat16", "fp8", "kv-cache fp8",
-                                                              "int4-awq", "nvfp4"]  # fmt: skip
+                                                              "int4-awq", "w4a8-awq", "nvfp4"]  # fmt: skip
+    host.setenv("FAKE_SMI_GPUS", "NVIDIA A100-SXM4-80GB, 8.0, 81920, 575.57.08")
+    a100 = doctor.inspect(tmp_path)["engine"]
+    assert a100["int4-awq"] == "yes"
+    assert a100["w4a8-awq"] == "no: FP8 needs SM 89 or newer, this GPU is SM 80"
     host.setenv("FAKE_SMI_GPUS", "")
     assert doctor.inspect(tmp_path)["engine"]["float16"] == "no: no NVIDIA GPU visible"
     host.setattr(

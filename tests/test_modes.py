@@ -27,18 +27,21 @@ pytestmark = pytest.mark.integration
 
 #: The llmapi rows, each with the engine-target row whose checkpoint holds the same numbers
 #: (None: int8-wo, whose INT8 values the llmapi checkpoint holds, rounded as modelopt's export
-#: rounds them, where trtllm-build rounds the engine target's: docs/llmapi.md; int4-awq, whose
-#: q/k/v and gate/up scales the llmapi checkpoint folds into the norms before them).
+#: rounds them, where trtllm-build rounds the engine target's: docs/llmapi.md; int4-awq and
+#: w4a8-awq, whose q/k/v and gate/up scales the llmapi checkpoint folds into the norms before
+#: them, and w4a8-awq's inputs, which the PyTorch backend rounds otherwise than the engine:
+#: checkpoint/w4a8.py).
 LLMAPI = {"float16-llmapi-tp1-pp1": "float16-tp1-pp1", "fp8-llmapi-tp1-pp1": "fp8-tp1-pp1",
           "fp8-fp8kv-llmapi-tp1-pp1": "fp8-fp8kv-tp1-pp1", "int8-wo-llmapi-tp1-pp1": None,
-          "int4-awq-llmapi-tp1-pp1": None, "nvfp4-llmapi-tp1-pp1": "nvfp4-tp1-pp1"}  # fmt: skip
+          "int4-awq-llmapi-tp1-pp1": None, "w4a8-awq-llmapi-tp1-pp1": None,
+          "nvfp4-llmapi-tp1-pp1": "nvfp4-tp1-pp1"}  # fmt: skip
 #: The INT8 KV cache's cost, in points of held-out perplexity, over the same build without it.
 KV_CACHE_POINTS = 0.5
 
 
 #: Each row's verify figures as measured on the CPU machine (2 cores, 2026-12-06, an Intel Xeon
 #: with AVX-512 FP16 and AMX, as CI's was that day; the FP8 rows on 2026-12-07, once the
-#: runtime's FP8 GEMM summed exactly, the int4-awq rows once its search clipped, the nvfp4 rows once it searched block scales): prompt-set
+#: runtime's FP8 GEMM summed exactly, the int4-awq rows once its search clipped, the nvfp4 rows once it searched block scales, the w4a8-awq rows when the mode came): prompt-set
 #: top-1 and mean KL, and the
 #: held-out perplexity increase (%, decoded through a quantized KV cache). A converter, runtime
 #: or recipe that drifts moves them; a loosened gate does not pass unseen (and
@@ -67,6 +70,9 @@ MEASURED: dict[str, tuple[float, float, float]] = {
     "int4-awq-tp1-pp1": (0.8111, 0.2049, 7.940),
     "int4-awq-fp8kv-tp1-pp1": (0.8111, 0.2049, 8.326),
     "int4-awq-llmapi-tp1-pp1": (0.8111, 0.2049, 7.956),
+    "w4a8-awq-tp1-pp1": (0.7361, 0.3233, 14.056),
+    "w4a8-awq-fp8kv-tp1-pp1": (0.7361, 0.3233, 15.265),
+    "w4a8-awq-llmapi-tp1-pp1": (0.7651, 0.3197, 14.004),
     "nvfp4-tp1-pp1": (0.7312, 0.3865, 17.173),
     "nvfp4-fp8kv-tp1-pp1": (0.7312, 0.3865, 19.961),
     "nvfp4-llmapi-tp1-pp1": (0.7312, 0.3865, 17.173),
@@ -237,6 +243,7 @@ def test_the_llmapi_target_builds_through_verify_and_package_with_the_engine_tar
                             ("fp8-fp8kv-tp1-pp1", "fp8-tp1-pp1"),
                             ("float16-fp8kv-tp1-pp1", "float16-tp1-pp1"),
                             ("int4-awq-fp8kv-tp1-pp1", "int4-awq-tp1-pp1"),
+                            ("w4a8-awq-fp8kv-tp1-pp1", "w4a8-awq-tp1-pp1"),
                             ("nvfp4-fp8kv-tp1-pp1", "nvfp4-tp1-pp1")]
 )  # fmt: skip
 def test_a_quantized_kv_cache_costs_at_most_its_budget_of_perplexity(

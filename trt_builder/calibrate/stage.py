@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.stage import MARKER, BuildContext, Stage
+from ..core.stage import BuildContext, Stage
+from ..source.twin import calibration_dir, quantized_source, source_inputs
 
 
 class CalibrateStage(Stage):
@@ -19,19 +20,12 @@ class CalibrateStage(Stage):
         return explicit or ctx.spec.mode.needs_calibration
 
     def output_dir(self, ctx: BuildContext) -> Path:
-        return ctx.layout.calibration(ctx.spec.calibrate.slug())
+        return calibration_dir(ctx)
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        hf = ctx.layout.hf  # the weights, config and tokenizer decide the statistics
-        inputs = {"hf/config.json": hf / "config.json"}  # missing: fetch has not run
-        if hf.is_dir():
-            inputs.update(
-                {
-                    f"hf/{p.name}": p
-                    for p in sorted(hf.iterdir())
-                    if p.is_file() and p.name != MARKER
-                }
-            )
+        # the weights, config and tokenizer decide the statistics (the padded twin's, where
+        # the mode builds one: source/twin.py)
+        inputs = source_inputs(quantized_source(ctx))
         dataset = ctx.spec.calibrate.dataset
         if Path(dataset).is_file():
             inputs["dataset"] = Path(dataset)
@@ -43,4 +37,4 @@ class CalibrateStage(Stage):
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         from .stats import calibrate  # torch and transformers: only when it runs
 
-        return calibrate(ctx.layout.hf, work, ctx.spec.calibrate, handoff=ctx.handoff)
+        return calibrate(quantized_source(ctx), work, ctx.spec.calibrate, handoff=ctx.handoff)

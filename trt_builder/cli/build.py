@@ -27,14 +27,14 @@ def _stage_command(name: str, stages: tuple[str, ...], help_text: str, example: 
 
 _stage_command(
     "build",
-    ("fetch", "calibrate", "recipe", "convert", "verify", "engine", "package"),
-    "Run every stage: fetch, calibrate and recipe (when the mode needs them), convert, verify, "
-    "engine, package.",
+    ("fetch", "pad", "calibrate", "recipe", "convert", "verify", "engine", "package"),
+    "Run every stage: fetch, pad, calibrate and recipe (when the mode needs them), convert, "
+    "verify, engine, package.",
     "trt-builder build --dtype int8",
 )
 _stage_command(
     "calibrate",
-    ("calibrate",),
+    ("pad", "calibrate"),
     "Collect activation statistics for INT8 (SmoothQuant, the INT8 KV cache); shared by variants.",
     "trt-builder calibrate --calib-samples 128 --calib-seq-len 512",
 )

@@ -10,6 +10,7 @@ from ..checkpoint.weights import weight_files
 from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
 from ..recipe.candidates import recipe_dir, recipe_input, searches
+from ..source.twin import calibration_dir, quantized_source
 from .dispatch import checkpoint_writer
 
 
@@ -27,7 +28,7 @@ class ConvertStage(Stage):
         return ctx.layout.checkpoint
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        hf = ctx.layout.hf  # config and weights only: a tokenizer change does not reconvert
+        hf = quantized_source(ctx)  # config and weights only: a tokenizer change does not reconvert
         index = hf / "model.safetensors.index.json"
         inputs = {  # what convert reads: the weight files the index lists, else every one
             "hf/config.json": hf / "config.json",
@@ -42,7 +43,7 @@ class ConvertStage(Stage):
         return inputs
 
     def _calibration(self, ctx: BuildContext) -> Path:
-        return ctx.layout.calibration(ctx.spec.calibrate.slug())
+        return calibration_dir(ctx)
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
         return ctx.spec.build_target.convert_params(ctx.spec)
@@ -52,6 +53,6 @@ class ConvertStage(Stage):
         calibration = self._calibration(ctx) if mode.needs_calibration else None
         recipe = recipe_dir(ctx) / "recipe.json" if searches(ctx) else None
         load_rooms("targets", "convert")  # torch: only when it runs
-        return checkpoint_writer(ctx.spec.build_target, mode, ctx.layout.hf, work,
+        return checkpoint_writer(ctx.spec.build_target, mode, quantized_source(ctx), work,
                                  tp=ctx.spec.tp, pp=ctx.spec.pp, calibration=calibration,
                                  recipe=recipe, remember=ctx.digests.remember)  # fmt: skip

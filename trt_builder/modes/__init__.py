@@ -28,10 +28,12 @@ from .kvcache.spec import (
 from .nvfp4.spec import Nvfp4
 from .quantization import checkpoint_quantization
 from .smoothquant.spec import GRANULARITIES, SmoothQuant, check_alpha
+from .w4a8_awq.spec import W4a8Awq
 from .weight_only.spec import WeightOnlyInt8
 
 #: The rooms, in the order --dtype lists their choices.
-ROOMS: tuple[type[Mode], ...] = (FloatMode, SmoothQuant, WeightOnlyInt8, Fp8, Int4Awq, Nvfp4)
+ROOMS: tuple[type[Mode], ...] = (FloatMode, SmoothQuant, WeightOnlyInt8, Fp8, Int4Awq, W4a8Awq,
+                                 Nvfp4)  # fmt: skip
 QuantMode = Mode
 
 DTYPE_CHOICES = tuple(choice for room in ROOMS for choice in room.CHOICES)
@@ -49,7 +51,8 @@ DOCTOR_ROWS: dict[str, tuple[str, ...]] = dict(sorted(
 __all__ = [
     "DEFAULT_GATES", "DOCTOR_ROWS", "DTYPE_CHOICES", "DTYPE_HELP", "FLOAT_DTYPES",
     "GRANULARITIES", "KV_CACHE_CHOICES", "KV_PPL_POINTS", "KV_SUFFIX", "ROOMS", "Fp8",
-    "FloatMode", "Int4Awq", "Mode", "Nvfp4", "ModeOptions", "QuantMode", "SmoothQuant", "WeightOnlyInt8",
+    "FloatMode", "Int4Awq", "Mode", "Nvfp4", "ModeOptions", "QuantMode", "SmoothQuant", "W4a8Awq",
+    "WeightOnlyInt8",
     "WeightStorage", "check_alpha", "check_group_size", "checkpoint_mode", "gate_for", "mode_for", "mode_of",
     "quant_algos_loaded_by",
 ]  # fmt: skip

@@ -166,6 +166,11 @@ class Mode(KVCache, ABC):
         llmapi loaders read (`source`: where that is read); empty when they conform."""
         return []
 
+    def pad_multiple(self, tp: int) -> int:
+        """The multiple its kernels need every width of the model to be at `tp` (0: none): a
+        model whose widths are not is built through its padded twin (source/twin.py)."""
+        return 0
+
     def recipe_set(self) -> RecipeSet | None:
         """What its recipe search tries and scores on, searched or not (None: it has none)."""
         return None

@@ -32,12 +32,14 @@ from ..source.fetch import config_alone
 from ..source.files import read_hf_config
 from ..source.resolve import resolve_source
 from ..source.stage import FetchStage
+from ..source.twin import PadStage, twin_of
 from ..spec.build import BuildSpec
 from ..triton.stage import PackageStage
 from ..verify.stage import VerifyStage
 
 STAGES: tuple[Stage, ...] = (
     FetchStage(),
+    PadStage(),
     CalibrateStage(),
     RecipeStage(),
     ConvertStage(),
@@ -109,7 +111,9 @@ def plan_limits(ctx: BuildContext, only: tuple[str, ...]) -> None:
         return
     if not (ctx.layout.hf / "config.json").is_file():
         return
-    ctx.spec, ctx.memory = resolve_limits(ctx.spec, read_hf_config(ctx.layout.hf))
+    config = read_hf_config(ctx.layout.hf)
+    twin = twin_of(config, ctx.spec.mode, ctx.spec.tp)  # the engine is the twin's, if any
+    ctx.spec, ctx.memory = resolve_limits(ctx.spec, config if twin is None else twin.config(config))
 
 
 def prepare(spec: BuildSpec, *, force: bool = False, offline: bool | None = None) -> BuildContext:
@@ -132,6 +136,7 @@ def refuse_unbuildable(hf_config: dict[str, Any], spec: BuildSpec) -> None:
     architecture = str((hf_config.get("architectures") or ["?"])[0])
     refuse_mode(family, architecture, spec.mode.FAMILY_FLAG)
     spec.build_target.refuse_family(family, architecture)
+    twin_of(hf_config, spec.mode, spec.tp)  # a mode's widths the model cannot be padded to
 
 
 def check_model_early(ctx: BuildContext) -> None:
@@ -198,7 +203,7 @@ def run(
     return result
 
 
-_TORCH_STAGES = frozenset({"calibrate", "recipe", "convert", "verify"})
+_TORCH_STAGES = frozenset({"pad", "calibrate", "recipe", "convert", "verify"})
 
 
 def _warm_imports(ctx: BuildContext, only: tuple[str, ...]) -> threading.Thread | None:

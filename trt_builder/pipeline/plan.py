@@ -10,6 +10,7 @@ from ..engine.memplan import MemoryPlan, resolve_limits
 from ..source.fetch import config_alone
 from ..source.hub import resolve_hub_revision
 from ..source.resolve import classify
+from ..source.twin import twin_of
 from ..spec.build import BuildSpec
 from .build import refuse_unbuildable
 
@@ -26,6 +27,9 @@ def model_config(spec: BuildSpec, *, offline: bool | None = None) -> dict[str, A
 
 def plan_memory(spec: BuildSpec, *, offline: bool | None = None) -> MemoryPlan:
     """The memory plan of `spec` on its target GPU, with the limits the spec leaves open
-    filled in; refuses (SpecError) a spec that does not fit, naming what would."""
-    _, memory = resolve_limits(spec, model_config(spec, offline=offline))
+    filled in; refuses (SpecError) a spec that does not fit, naming what would. A mode that
+    builds the model's padded twin plans the twin's engine."""
+    config = model_config(spec, offline=offline)
+    twin = twin_of(config, spec.mode, spec.tp)
+    _, memory = resolve_limits(spec, config if twin is None else twin.config(config))
     return memory

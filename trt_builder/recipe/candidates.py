@@ -10,6 +10,7 @@ from pathlib import Path
 from ..core.stage import BuildContext
 from ..modes import Mode
 from ..modes.base import RecipeSet
+from ..source.twin import calibration_dir
 
 
 def search_set(mode: Mode) -> RecipeSet | None:
@@ -34,4 +35,4 @@ def recipe_dir(ctx: BuildContext) -> Path:
     """The recipe's directory: after the calibration's, the search set's (a mode with none
     asked for the recipe stage by name: "none")."""
     choice = ctx.spec.mode.recipe_set()
-    return ctx.layout.recipe(f"{ctx.spec.calibrate.slug()}-{choice.slug() if choice else 'none'}")
+    return ctx.layout.recipe(f"{calibration_dir(ctx).name}-{choice.slug() if choice else 'none'}")

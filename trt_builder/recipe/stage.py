@@ -14,6 +14,7 @@ from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
 from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
+from ..source.twin import calibration_dir, quantized_source
 from .candidates import recipe_dir, search_set, searches
 from .dispatch import run_search
 
@@ -33,10 +34,10 @@ class RecipeStage(Stage):
         return recipe_dir(ctx)
 
     def _calibration(self, ctx: BuildContext) -> Path:
-        return ctx.layout.calibration(ctx.spec.calibrate.slug())
+        return calibration_dir(ctx)
 
     def inputs(self, ctx: BuildContext) -> dict[str, Path]:
-        hf = ctx.layout.hf  # the float model it simulates: config, weights, tokenizer
+        hf = quantized_source(ctx)  # the float model it simulates: config, weights, tokenizer
         inputs = {"hf": hf, "calibration": self._calibration(ctx) / "calibration.safetensors"}
         inputs["search split"] = SEARCH_SPLIT
         return inputs
@@ -53,7 +54,9 @@ class RecipeStage(Stage):
                      progress=ctx.progress, handoff=ctx.handoff)  # fmt: skip
         load_rooms("modes", "recipe")  # torch and transformers: when it runs
         try:
-            recipe, keys = run_search(choice, ctx.layout.hf, self._calibration(ctx), work, where)
+            recipe, keys = run_search(
+                choice, quantized_source(ctx), self._calibration(ctx), work, where
+            )
         finally:
             shutil.rmtree(work / "offload", ignore_errors=True)
         write_json(work / "recipe.json", recipe)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import int4, nvfp4
+from ..checkpoint import int4, nvfp4, w4a8
 from ..checkpoint.fp8 import E4M3, to_e4m3
 from ..checkpoint.reader import read_checkpoint
 from ..core.dtypes import torch_dtype
@@ -24,7 +24,7 @@ from ..core.errors import InputError
 from ..models.shape import AttentionShape
 from ..modes import mode_of
 from ..modes.weight_only.checkpoint import WEIGHT_ONLY_LINEARS
-from ..targets.llmapi.checkpoint.unified import WEIGHT_SCALE
+from ..targets.llmapi.checkpoint.unified import PYTORCH_BACKEND, WEIGHT_SCALE
 from .fp8 import fp8_kernel_runs, fp8_matmul, simulation_dtype
 from .int8 import int8_matmul, quantize_static, quantize_tokens
 
@@ -140,6 +140,11 @@ class CheckpointRuntime:
         self.weight_only = self.mode.weights is not None and self.mode.activations is None
         # INT4 weights in groups (W4A16 AWQ): unpacked and dequantized as the GEMM does
         self.int4 = int4.holds_int4(self.mode)
+        # W4A8 AWQ: those INT4 groups through an FP8 stage, times FP8 inputs (checkpoint/w4a8.py),
+        # the input quantized as the engine does, or as the PyTorch backend does for the llmapi
+        # target's checkpoint (read_unified marks it)
+        self.w4a8 = self.int4 and self.mode.activations is not None
+        self.engine_inputs = not config.get(PYTORCH_BACKEND, False)
         # NVFP4: e2m1 weights and inputs in blocks of 16, the inputs quantized at run time
         self.fp4 = nvfp4.holds_nvfp4(self.mode)
         self.kv_int8, self.kv_fp8 = self.mode.kv_int8, self.mode.kv_fp8
@@ -186,7 +191,13 @@ class CheckpointRuntime:
             return nvfp4.dequantize(nvfp4.unpack_columns(w), self.w[f"{base}.weights_scaling_factor"],
                                     self.w[f"{base}.weights_scaling_factor_2"])  # fmt: skip
         if w.dtype == torch.int8 and self.int4:
-            scales = self.w[name.removesuffix(".weight") + ".weights_scaling_factor"]
+            base = name.removesuffix(".weight")
+            scales = self.w[base + ".weights_scaling_factor"]
+            if self.w4a8:  # the e4m3 weight the GEMM multiplies, as the FP8 checkpoint's is kept
+                w8 = w4a8.fp8_weight(int4.unpack_rows(w), scales,
+                                     self.w[base + ".weights_scaling_factor_2"], self.dtype,
+                                     engine=self.engine_inputs)  # fmt: skip
+                return w8 if fp8_kernel_runs(w8.device) else w8.to(simulation_dtype(w8.device))
             return int4.dequantize(int4.unpack_rows(w), scales, self.dtype)
         if w.dtype == torch.int8 and self.weight_only and name.endswith(WEIGHT_ONLY_LINEARS):
             scale = self.w.get(name.removesuffix(".weight") + WEIGHT_SCALE)
@@ -211,6 +222,8 @@ class CheckpointRuntime:
             return self._sq_linear(x, name)
         if self.w[name + ".weight"].dtype == E4M3:
             return self._fp8_linear(x, name, fixed=fixed)
+        if self.w4a8 and self.w[name + ".weight"].dtype == torch.int8:
+            return self._w4a8_linear(x, name, fixed=fixed)
         weight = self._dense[name + ".weight"]
         if self.fp4 and self.w[name + ".weight"].dtype == torch.uint8:  # the FP4 GEMM's input
             x = nvfp4.fake_quantize(x, self.w[name + ".activation_scaling_factor"])
@@ -257,6 +270,24 @@ class CheckpointRuntime:
 
         def gemm(rows: torch.Tensor) -> torch.Tensor:
             return fp8_matmul(to_e4m3(rows, a), weight, a, ws, w_float=w_float)
+
+        flat = x.reshape(-1, x.shape[-1])
+        y = (_in_blocks(gemm, flat) if fixed else gemm(flat)).reshape(*x.shape[:-1], -1)
+        bias = d.get(name + ".bias")
+        return self._round(y if bias is None else y + bias)
+
+    def _w4a8_linear(self, x: torch.Tensor, name: str, *, fixed: bool = False) -> torch.Tensor:
+        """TensorRT-LLM's W4A(fp)8 GEMM (checkpoint/w4a8.py): the input times its
+        pre-quantization scale, e4m3 at the input scale a; the e4m3 weight; float32 sums scaled
+        by a * s2 (runtimes/fp8.py, exact on the CPU)."""
+        d = self._dense
+        a, s2 = d[f"{name}.activation_scaling_factor"], d[f"{name}.weights_scaling_factor_2"]
+        pqs, stored = d.get(f"{name}.prequant_scaling_factor"), d[f"{name}.weight"]
+        w_float = None if stored.dtype == E4M3 else stored
+
+        def gemm(rows: torch.Tensor) -> torch.Tensor:
+            xq = w4a8.w4a8_input(rows, pqs, a, self.dtype, engine=self.engine_inputs)
+            return fp8_matmul(xq, stored, a, s2, w_float=w_float)
 
         flat = x.reshape(-1, x.shape[-1])
         y = (_in_blocks(gemm, flat) if fixed else gemm(flat)).reshape(*x.shape[:-1], -1)

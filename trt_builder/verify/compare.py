@@ -42,7 +42,12 @@ def encode_prompts(tokenizer: Any) -> list[tuple[str, list[int]]]:
 
 
 def _rel_error(cand: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((cand.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+    """|cand - ref| / |ref|; a padded twin's wider hidden state (source/twin.py) against the
+    model's channels, its added channels (zero in the twin) against zero."""
+    ref = ref.float()
+    if cand.shape[-1] > ref.shape[-1]:
+        ref = torch.nn.functional.pad(ref, (0, cand.shape[-1] - ref.shape[-1]))
+    return float((cand.float() - ref).norm() / ref.norm().clamp(min=1e-30))
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

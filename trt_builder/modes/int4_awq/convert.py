@@ -40,6 +40,7 @@ from ...checkpoint.fp8 import FP8_LINEARS
 from ...checkpoint.int4 import pack_rows, unpack_rows
 from ...checkpoint.mapping import Mapping
 from ...checkpoint.safetensors_io import SafetensorsIndex
+from ...checkpoint.w4a8 import input_scales, weight_scale_2
 from ...convert.dispatch import register
 from ...convert.layers import LayerJob, split_layers
 from ...convert.plan import plan_conversion
@@ -75,7 +76,9 @@ def convert_int4_awq(
     recipe: Path | None = None,
     remember: Callable[[Path, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert `hf_dir` with the statistics in `calibration` into a W4A16 AWQ checkpoint;
+    """Convert `hf_dir` with the statistics in `calibration` into a W4A16 AWQ checkpoint, or
+    a W4A8 AWQ one for a mode whose GEMMs take FP8 inputs (modes/w4a8_awq: each linear's
+    weights_scaling_factor_2 and activation_scaling_factor besides, checkpoint/w4a8.py);
     `recipe`: the recipe stage's recipe.json, whose alphas and rounding it writes (without one,
     alpha by the calibrated diagonal error and nearest rounding: the search's "awq")."""
     family, config, rules, index, notes = plan_conversion(
@@ -90,7 +93,8 @@ def convert_int4_awq(
         except SpecError as exc:
             raise ConversionError(str(exc)) from None
         stats = load_stats(calibration)
-        searched = None if recipe is None else Searched.read(recipe, group, stack)
+        searched = None if recipe is None else Searched.read(recipe, group, stack, mode.base_name)
+        fp8_inputs = mode.activations is not None  # W4A8: FP8 inputs and the weight's FP8 stage
         kv_cache = KVCacheScales.of(mode, config, family, {r.name for r in rules}, calibration,
                                     stats=stats)  # fmt: skip
         layers, others = split_layers(rules)
@@ -122,12 +126,15 @@ def convert_int4_awq(
                     out[f"{base}.prequant_scaling_factor"] = torch.empty(
                         width, dtype=dtype, device="meta"
                     )
+                    if fp8_inputs:
+                        for scalar in ("weights_scaling_factor_2", "activation_scaling_factor"):
+                            out[f"{base}.{scalar}"] = torch.empty(1, device="meta")
                     continue
                 if name in SHARES_INPUT.values() and _partner(name) in floats:
                     continue  # chosen with the GEMM whose input it shares, below
                 together = [name, *(n for n in [SHARES_INPUT.get(name)] if n in floats)]
                 module = sources[name][0].removesuffix(".weight")  # q/k/v share one input
-                sqmean = _sqmean(stats, module).to(tensor.device)
+                sqmean = _stat(stats, module, "input_sqmean").to(tensor.device)
                 counts = [len(floats[n]) for n in together]
                 whole = torch.cat([floats[n] for n in together]) if len(together) > 1 else tensor
                 if searched is None:
@@ -138,6 +145,25 @@ def convert_int4_awq(
                     linear = searched.linear(
                         i, together, counts, whole, sqmean, alpha, group, dtype
                     )
+                fp8_scales = {}
+                if fp8_inputs:  # one per GEMM, shared by the GEMMs of one input (TensorRT-LLM
+                    # asserts them equal across a fused qkv or gate_up)
+                    absmax = _stat(stats, module, "input_absmax").to(tensor.device)
+                    pqs, a = input_scales(absmax, linear["prequant_scaling_factor"], whole)
+                    if not torch.isfinite((pqs.float() / a).to(dtype)).all():
+                        raise ConversionError(
+                            f"{module}: its W4A8 input scale makes TensorRT-LLM's "
+                            f"pre-quantization scale over it overflow {mode.dtype} (an input "
+                            "channel 65504 times quieter than the loudest): build --dtype "
+                            "int4-awq"
+                        )
+                    linear["prequant_scaling_factor"] = pqs
+                    fp8_scales = {
+                        "weights_scaling_factor_2": weight_scale_2(
+                            linear["weight"], linear["weights_scaling_factor"]
+                        ),
+                        "activation_scaling_factor": a,
+                    }
                 values = linear["weight"].split(counts)
                 scales = linear["weights_scaling_factor"].split(counts)
                 for n, v, sc in zip(together, values, scales, strict=True):
@@ -146,6 +172,7 @@ def convert_int4_awq(
                     out[f"{b}.weight"] = v.contiguous()
                     out[f"{b}.weights_scaling_factor"] = sc.contiguous()
                     out[f"{b}.prequant_scaling_factor"] = linear["prequant_scaling_factor"].clone()
+                    out.update({f"{b}.{k}": t.clone() for k, t in fp8_scales.items()})
             scale = kv_cache.scale(sources["attention.qkv.weight"])
             if scale is not None:
                 out["attention.kv_cache_scaling_factor"] = scale.to(
@@ -177,14 +204,17 @@ class Searched:
     """The recipe stage's INT4 choices (modes/int4_awq/recipe/search.py): each GEMM's alpha, and
     for a compensated rounding the INT4 values (packed) and group scales by checkpoint name."""
 
-    def __init__(self, found: dict[str, Any], weights: SafetensorsIndex | None) -> None:
-        self.found, self.weights = found, weights
+    def __init__(
+        self, found: dict[str, Any], weights: SafetensorsIndex | None, dtype: str = "int4-awq"
+    ) -> None:
+        self.found, self.weights, self.dtype = found, weights, dtype
 
     @classmethod
-    def read(cls, recipe: Path, group: int, stack: ExitStack) -> Searched:
+    def read(cls, recipe: Path, group: int, stack: ExitStack, dtype: str) -> Searched:
+        """The recipe.json `recipe` of a build of --dtype `dtype` (named in its refusals)."""
         if not recipe.is_file():
             raise ConversionError(
-                "int4-awq needs its recipe: run trt-builder recipe --dtype int4-awq"
+                f"{dtype} needs its recipe: run trt-builder recipe --dtype {dtype}"
             )
         found = json.loads(recipe.read_text())
         if found.get("group_size") != group:
@@ -196,7 +226,7 @@ class Searched:
         weights = None
         if found.get("weights"):
             weights = stack.enter_context(SafetensorsIndex([recipe.parent / found["weights"]]))
-        return cls(found, weights)
+        return cls(found, weights, dtype)
 
     def alpha(self, name: str) -> float | None:
         try:
@@ -204,7 +234,7 @@ class Searched:
         except KeyError:
             raise ConversionError(
                 f"the INT4 recipe has no alpha for {name}: it was made for another model; "
-                "rerun it (trt-builder recipe --dtype int4-awq --force)"
+                f"rerun it (trt-builder recipe --dtype {self.dtype} --force)"
             ) from None
 
     def linear(self, layer: int, names: list[str], counts: list[int], weight: torch.Tensor,
@@ -236,7 +266,7 @@ class Searched:
         ):
             raise ConversionError(
                 f"the recipe's INT4 rounding of {name} was made from other weights: rerun the "
-                "recipe (trt-builder recipe --dtype int4-awq --force)"
+                f"recipe (trt-builder recipe --dtype {self.dtype} --force)"
             )
         return unpack_rows(self.weights.read(name)), at
 
@@ -251,12 +281,12 @@ def _pack(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return pack_rows(tensor) if tensor.dtype == torch.int8 else tensor
 
 
-def _sqmean(stats: dict[str, torch.Tensor], module: str) -> torch.Tensor:
+def _stat(stats: dict[str, torch.Tensor], module: str, name: str) -> torch.Tensor:
     try:
-        return stats[f"{module}.input_sqmean"]
+        return stats[f"{module}.{name}"]
     except KeyError:
         raise ConversionError(
-            f"the calibration has no input_sqmean for {module}: recalibrate this model "
+            f"the calibration has no {name} for {module}: recalibrate this model "
             "(trt-builder calibrate --force)"
         ) from None
 

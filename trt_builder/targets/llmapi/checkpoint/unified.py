@@ -60,6 +60,13 @@ KV_SCALES = ("k_proj.k_scale", "v_proj.v_scale")
 #: whose `weight` is the checkpoint's int8 (a name of trt-builder's: the engine checkpoint has
 #: float weights, which trtllm-build quantizes; runtimes/checkpoint.py multiplies the two).
 WEIGHT_SCALE = ".weight_only_scale"
+#: The key read_unified adds to the TensorRT-LLM config it makes of a Hugging Face checkpoint:
+#: the checkpoint runtime then quantizes W4A8 inputs as the PyTorch backend does, not as the
+#: engine does (checkpoint/w4a8.py); no file holds it.
+PYTORCH_BACKEND = "trt_builder_pytorch_backend"
+#: W4A8 AWQ's per-GEMM FP8 scalars: Hugging Face name -> TensorRT-LLM name.
+W4A8_SCALARS = {"weight_scale_2": "weights_scaling_factor_2",
+                "input_scale": "activation_scaling_factor"}  # fmt: skip
 
 
 def is_unified(directory: Path) -> bool:
@@ -145,6 +152,9 @@ def hf_tensors(
             pre_quant = tensors.pop(f"{base}.prequant_scaling_factor", None)
             if pre_quant is not None:  # o_proj, down_proj: one source each
                 scales["pre_quant_scale"] = pre_quant
+            for hf_name, engine in W4A8_SCALARS.items():  # W4A8: every source the GEMM's
+                if f"{base}.{engine}" in tensors:
+                    scales[hf_name] = tensors.pop(f"{base}.{engine}").float().reshape(())
         if tensor.dtype == torch.uint8:  # NVFP4: codes paired along the input, rows as they are
             base = _base(rule.name)
             row_scales = list(tensors.pop(f"{base}.weights_scaling_factor").split(rule.rows()))
@@ -294,6 +304,17 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
             pre_quant = [f"{_base(s)}.pre_quant_scale" for s in rule.sources]
             if pre_quant[0] in stored:  # o_proj, down_proj; the others' is in their norm
                 tensors[f"{base}.prequant_scaling_factor"] = stored[pre_quant[0]]
+            for hf_name, engine in W4A8_SCALARS.items():  # W4A8: one per fused GEMM
+                found = [stored[n].float().reshape(1) for n in
+                         (f"{_base(s)}.{hf_name}" for s in rule.sources) if n in stored]  # fmt: skip
+                if found and (len(found) < len(parts)
+                              or any(not torch.equal(f, found[0]) for f in found)):  # fmt: skip
+                    raise InputError(
+                        f"{directory}: the {hf_name} of {', '.join(rule.sources)} differ: "
+                        "TensorRT-LLM asserts one per fused GEMM (trt-builder writes one)"
+                    )
+                if found:
+                    tensors[f"{base}.{engine}"] = found[0]
         elif parts[0].dtype == torch.int8:  # W8A16: INT8 values and a scale per output row
             rows = [stored[f"{_base(s)}.weight_scale"].float().reshape(-1) for s in rule.sources]
             tensors[_base(rule.name) + WEIGHT_SCALE] = torch.cat(rows)
@@ -317,4 +338,5 @@ def read_unified(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         family, hf_config, dtype, quant_algo=quant.get("quant_algo"), kv_cache_quant_algo=kv,
         exclude_modules=quant.get("exclude_modules"),
     )  # fmt: skip
+    config[PYTORCH_BACKEND] = True
     return config, tensors
