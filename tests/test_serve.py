@@ -38,6 +38,35 @@ def _ports(log: Path) -> dict[str, Any]:
     return {**dict(zip(("http_port", "grpc_port", "metrics_port"), found, strict=True)), "log": log}
 
 
+#: How far below the checkpoint runtime's best logit a served token may be, where an answer
+#: with FP8 activations leaves the runtime's own greedy path: an e4m3 rounding that lands on
+#: the other neighbour in another process carries through the layers (docs/benchmarks.md, "How
+#: far verify's figures move"), and the default fp8 model's answer to the boiling-point chat
+#: has near-ties (0.004 and 0.24 logit along its decoded path): CI's machine once streamed "100
+#: degrees Celsius" where the runtime said "100°C". A wrong model leaves the path at a token
+#: the runtime ranks several logits lower (that answer's other steps: 2.2 to 7.9).
+NEAR_TIE = 0.5
+
+
+def _answers_as(runtime: CheckpointRuntime, tokenizer: Any, ids: list[int], text: str,
+                want: list[int]) -> bool:  # fmt: skip
+    """Whether `text` is the runtime's greedy answer `want` to `ids`, or a path that leaves it
+    only at near-ties: each of the text's tokens within NEAR_TIE of the runtime's best logit at
+    its step, decoded through the runtime's KV cache as greedy decodes."""
+    import torch
+
+    if text == tokenizer.decode(want, skip_special_tokens=True):
+        return True
+    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    if not tokens:
+        return False
+    full = torch.tensor([ids + tokens])
+    with torch.inference_mode():
+        logits = runtime.forward_decoded(full, len(ids))[0, len(ids) - 1 : -1].float()
+    gaps = logits.max(-1).values - logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return float(gaps.max()) <= NEAR_TIE
+
+
 def _package(model: Path, root: Path, **spec: Any) -> tuple[Any, Path]:
     """Build the model up to the Triton repository: (the build result, the repository)."""
     result = run(make_spec(model=str(model), out=root / "engines", triton_root=root / "triton",
@@ -393,7 +422,7 @@ def test_the_default_model_serves_in_float16_int8_and_fp8(
                 assert main(["infer", "--url", url, "--messages", json.dumps(chat),
                              "--max-tokens", "12", "--json", *stream]) == 0  # fmt: skip
                 text = json.loads(capsys.readouterr().out)["text"]  # streamed: tensorrt_llm_bls
-                assert text == tokenizer.decode(want, skip_special_tokens=True) and text.strip()
+                assert text.strip() and _answers_as(runtime, tokenizer, ids, text, want), text
 
 
 @pytest.fixture(scope="module")
@@ -428,13 +457,14 @@ def test_the_default_model_llmapi_repositories_answer_as_the_checkpoint_runtime(
     ):
         for chat in CHATS:
             text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            want = runtime.greedy(tokenizer(text).input_ids, 12, {tokenizer.eos_token_id})
-            answer = tokenizer.decode(want, skip_special_tokens=True)
-            assert answer.strip()
+            ids = tokenizer(text).input_ids
+            want = runtime.greedy(ids, 12, {tokenizer.eos_token_id})
+            assert tokenizer.decode(want, skip_special_tokens=True).strip()
             request = client.Request(prompt=text, max_tokens=12)
-            for url in (a.http_url, a.grpc_url):
-                assert client.generate(url, request) == answer, url
-            assert "".join(client.stream(b.grpc_url, request)) == answer
+            answers = [client.generate(url, request) for url in (a.http_url, a.grpc_url)]
+            answers.append("".join(client.stream(b.grpc_url, request)))
+            for answer in answers:
+                assert _answers_as(runtime, tokenizer, ids, answer, want), (answer, want)
 
 
 def test_a_repository_that_does_not_load_names_the_model_and_triton_s_reason(
