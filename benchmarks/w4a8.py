@@ -6,7 +6,7 @@ difference from modelopt's.
     .venv/bin/python benchmarks/w4a8.py [--hf DIR] [--tokens 8192] [--seeds N]
 
 benchmarks/int4.py's texts, scoring and table. Every row quantizes the model's padded twin
-(models/twin.py: hidden 768, 12 heads over 4 KV heads; exactly the model's function), at group
+(source/padding.py: hidden 768, 12 heads over 4 KV heads; exactly the model's function), at group
 128, the one W4A8 takes (modelopt 0.47 refuses SmolLM2's 576 channels at 128 on both export
 paths); the figures are against the float32 model itself, not the twin:
 - modelopt `W4A8_AWQ_BETA_CFG`: `mtq.quantize` (awq_lite, then INT4 blocks of 128 and an FP8
@@ -56,11 +56,11 @@ def main() -> None:
     from trt_builder.calibrate.corpus import load_texts, make_samples, sampled_windows
     from trt_builder.calibrate.stats import calibrate
     from trt_builder.convert.model import convert_model
-    from trt_builder.models.twin import Twin
     from trt_builder.modes import W4a8Awq
     from trt_builder.modes.int4_awq.recipe.search import WEIGHTS, search_int4
     from trt_builder.modes.int4_awq.spec import Int4SearchSet
     from trt_builder.runtimes.checkpoint import CheckpointRuntime
+    from trt_builder.source.padding import Twin
     from trt_builder.source.twin import write_twin
     from trt_builder.spec.build import CalibrationOptions
 

@@ -20,9 +20,9 @@ from trt_builder.checkpoint.int4 import unpack_rows
 from trt_builder.checkpoint.w4a8 import fp8_weight, w4a8_input
 from trt_builder.convert.model import convert_model
 from trt_builder.core.errors import SpecError
-from trt_builder.models.twin import Twin
 from trt_builder.modes import W4a8Awq
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.source.padding import Twin
 from trt_builder.source.twin import write_twin
 from trt_builder.spec.build import CalibrationOptions, make_spec
 

@@ -16,7 +16,7 @@ added row and column is zero, and:
   nothing, and o_proj's columns for it are zero besides;
 - the added MLP rows give silu(0) * 0 = 0.
 
-So the twin's logits are the model's (to float rounding: tests/test_twin.py), and a checkpoint
+So the twin's logits are the model's (to float rounding: tests/test_w4a8.py), and a checkpoint
 of the twin is a checkpoint of the model. What is written by hand here: transformers has no such
 transform.
 """
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from ..core.errors import ConversionError, SpecError
-from .registry import family_for
-from .shape import AttentionShape
+from ..models.registry import family_for
+from ..models.shape import AttentionShape
 
 #: How far the heads may grow: at most twice the groups (else the twin is refused).
 MAX_GROWTH = 2

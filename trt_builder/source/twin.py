@@ -1,4 +1,4 @@
-"""pad: the model as a mode that needs wider matrices quantizes it (models/twin.py: its exactly
+"""pad: the model as a mode that needs wider matrices quantizes it (source/padding.py: its exactly
 equivalent padded twin), written beside the fetched one (engines/<model>/<revision>/hf-padN/)
 and read by calibrate, recipe and convert in its place; verify still answers against the
 fetched model. Runs only where the mode asks for a multiple (Mode.pad_multiple) the model's
@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from ..core.fsio import write_json
 from ..core.stage import MARKER, BuildContext, Stage
-from ..models.twin import Twin
 from .files import TOKENIZER_FILES, read_hf_config
+from .padding import Twin
 
 
 def twin_of(config: dict[str, Any], mode: Any, tp: int) -> Twin | None:

@@ -31,7 +31,7 @@ class W4a8Awq(Int4Awq):
     with a calibrated per-tensor scale, each weight's group scale divided by a per-GEMM FP8
     scale (checkpoint/w4a8.py). The group is 128 alone (TensorRT-LLM's W4A(fp)8 kernels); a
     model whose widths are not multiples of 128 x tp is built through its exactly equivalent
-    padded twin (models/twin.py: SmolLM2-135M's 576 become 768), since neither TensorRT-LLM's
+    padded twin (source/padding.py: SmolLM2-135M's 576 become 768), since neither TensorRT-LLM's
     engine nor its PyTorch backend nor modelopt takes them (docs/upstream/w4a8-padding.md)."""
 
     CHOICES: ClassVar[dict[str, str]] = {
