@@ -20,7 +20,7 @@ from .int4_awq.spec import Int4Awq, check_group_size
 from .kvcache.spec import (
     KV_CACHE_CHOICES,
     KV_DOCTOR,
-    KV_PPL_POINTS,
+    KV_PPL_PCT,
     KV_SUFFIX,
     check_kv,
     kv_cache_of,
@@ -50,7 +50,7 @@ DOCTOR_ROWS: dict[str, tuple[str, ...]] = dict(sorted(
 
 __all__ = [
     "DEFAULT_GATES", "DOCTOR_ROWS", "DTYPE_CHOICES", "DTYPE_HELP", "FLOAT_DTYPES",
-    "GRANULARITIES", "KV_CACHE_CHOICES", "KV_PPL_POINTS", "KV_SUFFIX", "ROOMS", "Fp8",
+    "GRANULARITIES", "KV_CACHE_CHOICES", "KV_PPL_PCT", "KV_SUFFIX", "ROOMS", "Fp8",
     "FloatMode", "Int4Awq", "Mode", "Nvfp4", "ModeOptions", "QuantMode", "SmoothQuant", "W4a8Awq",
     "WeightOnlyInt8",
     "WeightStorage", "check_alpha", "check_group_size", "checkpoint_mode", "gate_for", "mode_for", "mode_of",
@@ -88,12 +88,13 @@ def gate_for(
     min_greedy: float | None = None,
 ) -> Gate:
     """The default gate of a mode (a mode name, or a checkpoint's: checkpoint_mode), with the
-    spec's overrides (None keeps the default); a quantized KV cache adds its points to the
-    held-out perplexity gate (kvcache.py: KV_PPL_POINTS)."""
+    spec's overrides (None keeps the default); a quantized KV cache may raise the held-out
+    perplexity the gate allows by its share of it (kvcache/spec.py: KV_PPL_PCT)."""
     key, kv = _names().get(mode, (mode, "model"))
     default = DEFAULT_GATES[key]
-    if kv in KV_PPL_POINTS and default.max_ppl_delta_pct is not None:
-        default = replace(default, max_ppl_delta_pct=default.max_ppl_delta_pct + KV_PPL_POINTS[kv])
+    if kv in KV_PPL_PCT and default.max_ppl_delta_pct is not None:
+        allowed = (1 + default.max_ppl_delta_pct / 100) * (1 + KV_PPL_PCT[kv] / 100)
+        default = replace(default, max_ppl_delta_pct=round(100 * (allowed - 1), 6))
     return Gate(
         min_top1=default.min_top1 if min_top1 is None else min_top1,
         max_kl=default.max_kl if max_kl is None else max_kl,
