@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConversionError, SpecError
 from ..models.registry import family_for
 from ..models.shape import AttentionShape
+
+if TYPE_CHECKING:  # torch is imported where tensors are padded: planning a build needs none
+    import torch
 
 #: How far the heads may grow: at most twice the groups (else the twin is refused).
 MAX_GROWTH = 2
@@ -161,6 +162,8 @@ class Twin:
 
 def _pad(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """`tensor` zero-padded at the end of each dimension to `shape`."""
+    import torch
+
     out = torch.zeros(shape, dtype=tensor.dtype)
     out[tuple(slice(0, n) for n in tensor.shape)] = tensor
     return out
