@@ -4,6 +4,7 @@ sampling parameters, and the stops."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -109,10 +110,37 @@ def test_bad_requests_are_refused_by_name() -> None:
         Request((), 4)
     with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
         Request((1, 2), 0)
-    with pytest.raises(InputError, match="temperature must be > 0"):
-        Sampling(temperature=0.0)
-    with pytest.raises(InputError, match="top_p must be between 0 and 1"):
+    # the engine target's values as its C++ executor refuses them (samplingConfig.cpp)
+    with pytest.raises(InputError, match=r"^Assertion failed: temperature.value\(\) >= 0.f$"):
+        Sampling(temperature=-0.5)
+    with pytest.raises(InputError, match=r"^Assertion failed: topP.value\(\) <= 1.f$"):
         Sampling(top_p=1.5)
+    with pytest.raises(InputError, match=r"^Assertion failed: topK.value\(\) >= 0$"):
+        Sampling(top_k=-1)
+
+
+def test_temperature_zero_is_greedy_on_both_targets_and_the_llm_apis_values_mean_its_own() -> None:
+    """Temperature 0 is greedy where TensorRT-LLM takes it so: its executor scales the logits
+    by 1 / (0 + 1e-6), and the LLM API's SamplingParams (1.2+) calls it greedy, as its own
+    example does; a value the LLM API refuses is refused in its words."""
+    from trt_builder.runtimes.requests import llmapi_sampling
+
+    logits = torch.tensor([0.0, 3.0, 2.9, 2.0, -1.0])
+    generator = torch.Generator().manual_seed(0)
+    hot = Sampling(top_k=4, temperature=0.0)
+    assert hot.greedy and {sample(logits, hot, generator) for _ in range(50)} == {1}
+    assert not Sampling(top_k=4, temperature=1.0).greedy
+    assert llmapi_sampling().greedy and llmapi_sampling(temperature=0.0).greedy
+    assert llmapi_sampling(top_p=0.0, temperature=0.8).greedy and llmapi_sampling(top_k=1).greedy
+    # the others' unset values: temperature 1, every token, top-p 1 (no cut)
+    sampled = llmapi_sampling(temperature=0.7)
+    assert not sampled.greedy and (sampled.top_k, sampled.top_p) == (0, 1.0)
+    assert llmapi_sampling(top_k=5) == Sampling(top_k=5, top_p=1.0, temperature=1.0)
+    for value, message in [({"temperature": -1.0}, "require temperature >= 0, got temperature=-1.0"),
+                           ({"top_k": -2}, "require top_k >= 0, got top_k=-2"),
+                           ({"top_p": 1.5}, "require 0 <= top_p <= 1, got top_p=1.5")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            llmapi_sampling(**value)
 
 
 def test_top_k_one_is_greedy_whatever_top_p_says_and_top_k_keeps_exactly_k() -> None:

@@ -461,6 +461,33 @@ def test_the_reference_backend_answers_what_the_checkpoint_runtime_answers(
         assert "".join(pieces) == want[text][0] and len(pieces) > 1, text
 
 
+def test_temperature_zero_is_greedy_and_what_sampling_params_refuses_is_refused_in_its_words(
+    served: dict[str, Any],
+) -> None:
+    """sampling_param_temperature 0.0 (with top_k 50, which alone would sample) answers as
+    greedy decoding does: TensorRT-LLM's SamplingParams takes temperature 0 as greedy (1.2+;
+    examples/llm-api/llm_sampling.py); a negative one comes back as its ValueError's text."""
+    import tritonclient.http as http
+
+    c = http.InferenceServerClient(served["plain"].http_url.split("://")[1])
+
+    def ask(**sampling: tuple[np.ndarray, str]) -> Any:
+        inputs = [
+            _input(http, "text_input", np.array([TEXTS[0]], dtype=object), "BYTES"),
+            _input(http, "sampling_param_max_tokens", np.array([12], np.int32), "INT32"),
+        ]
+        inputs += [_input(http, f"sampling_param_{k}", v, t) for k, (v, t) in sampling.items()]
+        return c.infer("tensorrt_llm", inputs)  # fmt: skip
+
+    greedy = ask(temperature=(np.array([0.0], np.float32), "FP32"),
+                 top_k=(np.array([50], np.int32), "INT32"),
+                 seed=(np.array([7], np.uint64), "UINT64"))  # fmt: skip
+    assert greedy.as_numpy("text_output")[0].decode() == served["want"][TEXTS[0]][1]
+    with pytest.raises(Exception, match="require temperature >= 0, got temperature=-0.5"):
+        ask(temperature=(np.array([-0.5], np.float32), "FP32"))
+    assert served["plain"].process.poll() is None
+
+
 def test_streaming_on_a_plain_repository_is_the_templates_error(served: dict[str, Any]) -> None:
     import tritonclient.http as http
 

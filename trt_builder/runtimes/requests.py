@@ -11,8 +11,10 @@ from ..core.errors import InputError
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a request's next token is chosen (TensorRT-LLM's runtime_top_k, runtime_top_p,
-    temperature, seed)."""
+    """How a request's next token is chosen, as the engine target's runtime takes it
+    (TensorRT-LLM's runtime_top_k, runtime_top_p, temperature, seed: 0 leaves top-k and top-p
+    off), refused where its C++ executor refuses it (executor/samplingConfig.cpp, the same
+    checks from 0.20 to main: ENGINE_CHECKS)."""
 
     top_k: int = 0
     top_p: float = 0.0
@@ -20,17 +22,51 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.top_k < 0:
-            raise InputError(f"top_k must be >= 0, not {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise InputError(f"top_p must be between 0 and 1, not {self.top_p}")
-        if self.temperature <= 0.0:
-            raise InputError(f"temperature must be > 0, not {self.temperature}")
+        for name, (ok, message) in ENGINE_CHECKS.items():
+            if not ok(getattr(self, name)):
+                raise InputError(message)
 
     @property
     def greedy(self) -> bool:
-        """TensorRT-LLM's: top-k 1, or neither top-k nor top-p."""
-        return self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
+        """TensorRT-LLM's: top-k 1, or neither top-k nor top-p, or temperature 0 (its decoder
+        scales the logits by 1 / (temperature + 1e-6): the largest takes all)."""
+        return self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0) or self.temperature == 0
+
+
+#: What the engine target's executor accepts of each sampling value, and its refusal in its own
+#: words (TLLM_CHECK's "Assertion failed: <expression>"); a top-p of 0 or less never reaches it:
+#: the tensorrtllm backend drops it (utils.cc, model.py), so 0 is "off" here too.
+ENGINE_CHECKS = {
+    "top_k": (lambda v: v >= 0, "Assertion failed: topK.value() >= 0"),
+    "top_p": (lambda v: v <= 1.0, "Assertion failed: topP.value() <= 1.f"),
+    "temperature": (lambda v: v >= 0.0, "Assertion failed: temperature.value() >= 0.f"),
+}
+#: What TensorRT-LLM's LLM API accepts of each sampling value (SamplingParams._validate, 1.2.0rc2
+#: b35ac1b6 and main), in its words; 1.0's checked none of them in Python and its executor the
+#: same ranges (ENGINE_CHECKS). Read by the llmapi target's reference backend.
+LLMAPI_CHECKS = {
+    "temperature": (lambda v: v >= 0.0, "require temperature >= 0, got temperature={}"),
+    "top_k": (lambda v: v >= 0, "require top_k >= 0, got top_k={}"),
+    "top_p": (lambda v: 0.0 <= v <= 1.0, "require 0 <= top_p <= 1, got top_p={}"),
+}
+
+
+def llmapi_sampling(temperature: float | None = None, top_k: int | None = None,
+                    top_p: float | None = None, seed: int = 0) -> Sampling:  # fmt: skip
+    """The Sampling of an LLM API request's values (None: not given), with SamplingParams'
+    meaning: greedy when none is given, or top_k 1, or top_p 0, or temperature 0 (its
+    params_imply_greedy_decoding; examples/llm-api/llm_sampling.py's `temperature=0.0  # Greedy
+    decoding`); otherwise the unset ones are temperature 1, all tokens, top-p 1. ValueError
+    with the LLM API's message for a value it refuses."""
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    for name, value in given.items():
+        ok, message = LLMAPI_CHECKS[name]
+        if value is not None and not ok(value):
+            raise ValueError(message.format(value))
+    if all(v is None for v in given.values()) or top_k == 1 or top_p == 0.0 or temperature == 0:
+        return Sampling(top_k=1, seed=seed)
+    return Sampling(top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,
+                    temperature=1.0 if temperature is None else temperature, seed=seed)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ As the template's model.py (TensorRT-LLM 1.2.1): one prompt per request (the fir
 text_input); the prompt is part of text_output unless sampling_param_exclude_input_from_output
 is true; max_tokens defaults to 32; "Streaming is only supported in decoupled mode."; a
 streamed response carries the whole text so far (main's behaviour; 1.2.x sends one response);
-an error is text_output "N/A" with the error set. Without temperature, top_k or top_p it
-decodes greedily, as TensorRT-LLM's sampling defaults do. finish_reason and stop_reason are
+an error is text_output "N/A" with the error set. The sampling values mean what SamplingParams
+makes of them (runtimes/requests.py: llmapi_sampling): greedy without temperature, top_k or
+top_p, or with temperature 0, top_k 1 or top_p 0; a value it refuses is refused in its words. finish_reason and stop_reason are
 sent when asked for; cumulative_logprob and the perf metrics are not (the reference computes
 neither). It runs the language model only: a request with `image_url` (main's image input,
 declared for a vision-language checkpoint) is refused on the error path, saying so.
@@ -47,7 +48,7 @@ def _texts(value):
 
 def make_request(inputs, tokenizer, end_id, max_seq_len=0):
     """(batching.Request, stream, exclude_input, asked outputs) from one request's arrays."""
-    from trt_builder.runtimes.requests import Request, Sampling
+    from trt_builder.runtimes.requests import Request, llmapi_sampling
 
     texts = _texts(inputs["text_input"])
     if np.asarray(inputs["text_input"]).ndim > 1:
@@ -66,10 +67,10 @@ def make_request(inputs, tokenizer, end_id, max_seq_len=0):
             f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
             f"{max_seq_len}: lower sampling_param_max_tokens or shorten the prompt"
         )
-    sampling = Sampling(
-        top_k=scalar(inputs, "sampling_param_top_k", int, 0),
-        top_p=scalar(inputs, "sampling_param_top_p", float, 0.0),
-        temperature=scalar(inputs, "sampling_param_temperature", float, 1.0),
+    sampling = llmapi_sampling(  # SamplingParams' ranges and meanings (requests.py)
+        temperature=scalar(inputs, "sampling_param_temperature", float, None),
+        top_k=scalar(inputs, "sampling_param_top_k", int, None),
+        top_p=scalar(inputs, "sampling_param_top_p", float, None),
         seed=scalar(inputs, "sampling_param_seed", int, 0),
     )
     request = Request(prompt=tuple(prompt), max_new_tokens=max_tokens, end_id=end_id,
