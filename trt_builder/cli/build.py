@@ -106,7 +106,7 @@ def package_command(check_dir: Path | None, **kwargs: Any) -> None:
 @click.option(
     "--checkpoint",
     type=click.Path(path_type=Path, exists=True, file_okay=False),
-    help="A checkpoint directory to verify on its own: TensorRT-LLM's, or the Hugging Face one of --target llmapi (which --runtime llmapi runs).",
+    help="A checkpoint directory to verify on its own: TensorRT-LLM's, or the Hugging Face one of --target llmapi (which --runtime llmapi and vllm run).",
 )
 @click.option(
     "--reference",
@@ -115,10 +115,10 @@ def package_command(check_dir: Path | None, **kwargs: Any) -> None:
 )
 @click.option(
     "--runtime",
-    type=click.Choice(["reference", "tensorrt-llm", "llmapi", "triton"]),
+    type=click.Choice(["reference", "tensorrt-llm", "llmapi", "vllm", "triton"]),
     default="reference",
     show_default=True,
-    help="What runs the model: reference, our checkpoint runtime (a checkpoint); TensorRT-LLM (--engine); TensorRT-LLM's LLM() on an llmapi --checkpoint (TensorRT-LLM >= 1.0 on a GPU host); or a Triton deployment (--url).",
+    help="What runs the model: reference, our checkpoint runtime (a checkpoint); TensorRT-LLM (--engine); TensorRT-LLM's LLM() on an llmapi --checkpoint (TensorRT-LLM >= 1.0 on a GPU host); vLLM's LLM() on an llmapi --checkpoint (scripts/setup.sh --bench installs it); or a Triton deployment (--url).",
 )
 @click.option(
     "--engine",
@@ -158,6 +158,7 @@ def verify_command(
       trt-builder verify --checkpoint engines/m/r/float16-tp1-pp1/checkpoint --reference engines/m/r/hf
       trt-builder verify --runtime tensorrt-llm --engine engines/m/r/float16-tp1-pp1/engine --reference engines/m/r/hf
       trt-builder verify --runtime llmapi --checkpoint engines/m/r/fp8-llmapi-tp1-pp1/checkpoint --reference engines/m/r/hf
+      trt-builder verify --runtime vllm --checkpoint engines/m/r/float16-llmapi-tp1-pp1/checkpoint --reference engines/m/r/hf
       trt-builder verify --runtime triton --url grpc://localhost:8001 --reference engines/m/r/hf
     """
     standalone = any(v is not None for v in (checkpoint, reference, engine, url, tokenizer))
@@ -175,9 +176,9 @@ def verify_command(
         )
     if runtime == "tensorrt-llm" and engine is None:
         raise click.UsageError("--runtime tensorrt-llm needs --engine DIR")
-    if runtime == "llmapi" and checkpoint is None:
+    if runtime in ("llmapi", "vllm") and checkpoint is None:
         raise click.UsageError(
-            "--runtime llmapi needs --checkpoint DIR: the llmapi checkpoint "
+            f"--runtime {runtime} needs --checkpoint DIR: the llmapi checkpoint "
             "(<variant>/checkpoint of a --target llmapi build)"
         )
     if runtime == "triton" and not url:

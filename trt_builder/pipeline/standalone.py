@@ -1,5 +1,5 @@
 """Verify on its own (`trt-builder verify --checkpoint/--engine/--url`): a checkpoint, an engine,
-an llmapi checkpoint in TensorRT-LLM's LLM() or a live deployment against the HF model, with its
+an llmapi checkpoint in TensorRT-LLM's or vLLM's LLM() or a live deployment against the HF model, with its
 reports written beside the JSON."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from ..core.errors import InputError
 from ..core.fsio import write_json
 from ..engine.runtime import EngineRuntime
 from ..modes import checkpoint_mode
+from ..runtimes.vllm import VllmRuntime, find_vllm
 from ..spec.build import BuildSpec
 from ..targets.llmapi.engine import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..triton.runtime import TritonRuntime
@@ -41,6 +42,13 @@ def open_runtime(
         check_llmapi_checkpoint(directory)
         import_llmapi()
         return lambda tokenizer: LlmApiRuntime(directory, eos_token_id=tokenizer.eos_token_id)
+    if kind == "vllm":
+        if checkpoint is None:
+            raise InputError("--runtime vllm needs --checkpoint DIR (the llmapi checkpoint)")
+        served = checkpoint
+        check_llmapi_checkpoint(served)
+        find_vllm()
+        return lambda tokenizer: VllmRuntime(served, eos_token_id=tokenizer.eos_token_id)
     return None
 
 

