@@ -35,20 +35,16 @@ def open_runtime(
             raise InputError("--runtime triton needs --url (grpc://host:8001 or http://host:8000)")
         target = url
         return lambda tokenizer: TritonRuntime(target)
-    if kind == "llmapi":
+    if kind in ("llmapi", "vllm"):  # TensorRT-LLM's LLM() or vLLM's, on the llmapi checkpoint
         if checkpoint is None:
-            raise InputError("--runtime llmapi needs --checkpoint DIR (the llmapi checkpoint)")
+            raise InputError(f"--runtime {kind} needs --checkpoint DIR (the llmapi checkpoint)")
         directory = checkpoint
         check_llmapi_checkpoint(directory)
+        if kind == "vllm":
+            find_vllm()
+            return lambda tokenizer: VllmRuntime(directory, eos_token_id=tokenizer.eos_token_id)
         import_llmapi()
         return lambda tokenizer: LlmApiRuntime(directory, eos_token_id=tokenizer.eos_token_id)
-    if kind == "vllm":
-        if checkpoint is None:
-            raise InputError("--runtime vllm needs --checkpoint DIR (the llmapi checkpoint)")
-        served = checkpoint
-        check_llmapi_checkpoint(served)
-        find_vllm()
-        return lambda tokenizer: VllmRuntime(served, eos_token_id=tokenizer.eos_token_id)
     return None
 
 

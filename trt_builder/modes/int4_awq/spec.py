@@ -104,12 +104,13 @@ class Int4Awq(Mode):
 
     @classmethod
     def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
-        return cls(_sixteen(dtype), kv_cache) if quant_algo == QUANT_ALGO else None
+        mode = cls(_sixteen(dtype), kv_cache)  # W4A8 AWQ's room inherits this: its own algo
+        return mode if quant_algo == mode.quant_algo else None
 
     def kv_refusal(self) -> str | None:
         if self.kv_cache not in KV_CACHES:
             return (
-                f"int4-awq is not built with --kv-cache {self.kv_cache}: use --kv-cache fp8 "
+                f"{self.base_name} is not built with --kv-cache {self.kv_cache}: use --kv-cache fp8 "
                 "(TensorRT-LLM's PyTorch backend has no INT8 KV cache)"
             )
         return None

@@ -11,7 +11,6 @@ from ...core.errors import SpecError
 from ...spec.gates import Gate
 from ..base import Mode, ModeOptions, WeightStorage
 from ..int4_awq.spec import KV_CACHES, Int4Awq, Int4SearchSet, int4_storage
-from ..sixteen import sixteen_bit as _sixteen
 
 #: The group size TensorRT-LLM's W4A(fp)8 kernels take ("Only group size 128 supported for
 #: fine grained W4A(fp)8 kernels"; its Python layer refuses 64).
@@ -66,18 +65,6 @@ class W4a8Awq(Int4Awq):
     def variants(cls) -> Iterator[Mode]:
         for kv in KV_CACHES:
             yield cls(kv_cache=kv)
-
-    @classmethod
-    def of_checkpoint(cls, quant_algo: object, kv_cache: str, dtype: str) -> Mode | None:
-        return cls(_sixteen(dtype), kv_cache) if quant_algo == QUANT_ALGO else None
-
-    def kv_refusal(self) -> str | None:
-        if self.kv_cache not in KV_CACHES:
-            return (
-                f"w4a8-awq is not built with --kv-cache {self.kv_cache}: use --kv-cache fp8 "
-                "(TensorRT-LLM's PyTorch backend has no INT8 KV cache)"
-            )
-        return None
 
     def pad_multiple(self, tp: int) -> int:
         # TensorRT-LLM's groupwise layers pad every width to max(128, group) x tp for W4A8
