@@ -50,6 +50,32 @@ def inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
     return torch.linalg.solve_triangular(factor, eye.expand_as(factor), upper=False).flip(-1, -2)
 
 
+def working_set(n: int, k: int, itemsize: int) -> tuple[int, int]:
+    """Bytes a batched update of GEMMs [n, k] holds: (per GEMM: its Hessian and inverse factor,
+    and about six n x k tensors of weights, steps and values, with the caller's stacked inputs;
+    once: one GEMM's Cholesky temporaries, ordered_inverse's)."""
+    return (2 * k * k + 6 * n * k) * itemsize, 6 * k * k * itemsize
+
+
+def ordered_inverse(
+    hessians: torch.Tensor, dtype: torch.dtype, damp: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(act-order [batch, k]: each GEMM's inputs by decreasing H diagonal; the upper Cholesky
+    factor of each dampened H^-1 in that order [batch, k, k]) of Hessians [batch, k, k], one
+    GEMM at a time, so that what it holds beyond the result is one GEMM's temporaries (a
+    batch's at once would be several k x k per GEMM). An input that never fired (a zero
+    diagonal: H's row and column 0) gets diagonal 1, so its column is rounded to nearest."""
+    b, k, _ = hessians.shape
+    order = torch.argsort(torch.diagonal(hessians, dim1=1, dim2=2), dim=1, descending=True)
+    hinv = torch.empty(b, k, k, dtype=dtype, device=hessians.device)
+    for j in range(b):
+        h = hessians[j].to(dtype)[order[j]][:, order[j]]
+        h.diagonal().add_((h.diagonal() == 0).to(dtype))
+        hinv[j] = inverse_cholesky(h[None], damp)[0]
+        del h
+    return order, hinv
+
+
 def compensated_on_grid(
     weights: torch.Tensor,
     hessians: torch.Tensor,
@@ -65,16 +91,11 @@ def compensated_on_grid(
     output on inputs with Hessians [batch, in, in]. float64 on the CPU, float32 on a GPU."""
     dtype = torch.float64 if weights.device.type == "cpu" else torch.float32
     b, n, k = weights.shape
-    h = hessians.to(dtype)
-    order = torch.argsort(torch.diagonal(h, dim1=1, dim2=2), dim=1, descending=True)  # [b, k]
+    order, hinv = ordered_inverse(hessians, dtype, damp)
     index = order[:, :, None].expand(b, k, n)
     # transposed, [b, k, n]: an input channel's weights together
     w = weights.to(dtype).transpose(1, 2).gather(1, index)
     step = steps.to(dtype).transpose(1, 2).gather(1, index)
-    h = h.gather(1, order[:, :, None].expand(b, k, k)).gather(2, order[:, None, :].expand(b, k, k))
-    dead = torch.diagonal(h, dim1=1, dim2=2) == 0  # inputs that never fired
-    hinv = inverse_cholesky(h + torch.diag_embed(dead.to(dtype)), damp)
-    del h
     for start in range(0, k, block):
         stop = min(start + block, k)
         diagonal = torch.diagonal(hinv[:, start:stop, start:stop], dim1=1, dim2=2)

@@ -5,6 +5,7 @@ scales of W / p (checkpoint/int4.py's format)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,18 +33,27 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
             "mlp.fc": (inter, hidden), "mlp.proj": (hidden, inter)}  # fmt: skip
 
 
-def _awq_scale(
-    weight: torch.Tensor, sqmean: torch.Tensor, alpha: float, group: int
-) -> torch.Tensor:
-    """AWQ's s for `alpha` ([in], in float64: the model-dtype scale it becomes is then the same
-    whatever CPU computes it, its float32 pow and sums an ulp apart or not)."""
+def _magnitudes(
+    weight: torch.Tensor, sqmean: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What AWQ's s depends on besides alpha, [in] each, in float64 (the model-dtype scale it
+    becomes is then the same whatever CPU computes it, its float32 pow and sums an ulp apart or
+    not): each input channel's mean weight magnitude relative to its group's absmax, and its
+    activation's root mean square."""
     out, width = weight.shape
     grouped = weight.double().abs().reshape(out, width // group, group)
     relative = (grouped / grouped.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(out, width)
-    w_mag = relative.mean(0).clamp(min=1e-4)
-    a_mag = sqmean.double().sqrt().clamp(min=1e-4)
+    return relative.mean(0).clamp(min=1e-4), sqmean.double().sqrt().clamp(min=1e-4)
+
+
+def _pqs_of(magnitudes: tuple[torch.Tensor, torch.Tensor], alpha: float | None,
+            width: int, dtype: torch.dtype, device: Any) -> torch.Tensor:  # fmt: skip
+    """p = 1 / s of `alpha` in `dtype`, s = a^alpha / w^(1 - alpha) normalised (None: ones)."""
+    if alpha is None:
+        return torch.ones(width, dtype=dtype, device=device)
+    w_mag, a_mag = magnitudes
     s = (a_mag.pow(alpha) / w_mag.pow(1 - alpha)).clamp(min=1e-4)
-    return s / (s.max() * s.min()).sqrt()
+    return (1.0 / (s / (s.max() * s.min()).sqrt())).to(dtype)
 
 
 def awq_pqs(
@@ -52,7 +62,8 @@ def awq_pqs(
     """The pre-quantization scale p = 1 / s of `alpha` in `dtype` (None: no scale, ones)."""
     if alpha is None:
         return torch.ones(weight.shape[1], dtype=dtype, device=weight.device)
-    return (1.0 / _awq_scale(weight, sqmean, alpha, group)).to(dtype)
+    return _pqs_of(_magnitudes(weight, sqmean, group), alpha, weight.shape[1], dtype,
+                   weight.device)  # fmt: skip
 
 
 def rounded_at(weight: torch.Tensor, pqs: torch.Tensor, group: int, dtype: torch.dtype) -> Any:
@@ -65,17 +76,26 @@ def rounded_at(weight: torch.Tensor, pqs: torch.Tensor, group: int, dtype: torch
 
 
 def awq_linear(
-    weight: torch.Tensor, sqmean: torch.Tensor, group: int, dtype: torch.dtype
+    weight: torch.Tensor,
+    sqmean: torch.Tensor,
+    group: int,
+    dtype: torch.dtype,
+    each: Callable[[float | None, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], float | None, float]:
     """One linear's INT4 tensors (weight values unpacked, weights_scaling_factor,
     prequant_scaling_factor), the alpha chosen (None: plain rounding) and its calibrated error
-    relative to plain rounding's."""
+    relative to plain rounding's. `each(alpha, pqs, effective)` sees every alpha tried (the
+    search scores them its own way in the same pass: AWQ's magnitudes and each rounding are
+    computed once)."""
     weight = weight.to(dtype).float()  # the model modelopt would load
+    magnitudes = _magnitudes(weight, sqmean, group)
     best: tuple[float | None, float, Any] | None = None
     plain = None
     for alpha in (None, *ALPHAS):
-        pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
+        pqs = _pqs_of(magnitudes, alpha, weight.shape[1], dtype, weight.device)
         values, scales, effective = rounded_at(weight, pqs, group, dtype)
+        if each is not None:
+            each(alpha, pqs, effective)
         error = float(((weight - effective).double().square() * sqmean.double()).sum())
         if plain is None:
             plain = error

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ....checkpoint.fp8 import E4M3, FP8_MAX
-from ....recipe.gptq import inverse_cholesky
+from ....recipe.gptq import ordered_inverse
 
 
 def compensated_e4m3(
@@ -35,18 +35,12 @@ def compensated_e4m3(
     GPU (as GPTQ runs)."""
     dtype = torch.float64 if weights.device.type == "cpu" else torch.float32
     b, n, k = weights.shape
-    h = hessians.to(dtype)
-    diag = torch.diagonal(h, dim1=1, dim2=2)
-    order = torch.argsort(diag, dim=1, descending=True)  # [b, k]
+    order, hinv = ordered_inverse(hessians, dtype, damp)  # act-order, [b, k]
     # transposed, [b, k, n], so that an input channel's weights lie together; in units of the
     # scale, divided in float32 as plain rounding divides: a channel no error reaches rounds
     # exactly as convert rounds it
     w = (weights.float() / scales.float().reshape(b, 1, 1)).to(dtype).transpose(1, 2)
     w = w.gather(1, order[:, :, None].expand(b, k, n))
-    h = h.gather(1, order[:, :, None].expand(b, k, k)).gather(2, order[:, None, :].expand(b, k, k))
-    dead = torch.diagonal(h, dim1=1, dim2=2) == 0  # inputs that never fired: H row and column 0
-    hinv = inverse_cholesky(h + torch.diag_embed(dead.to(dtype)), damp)
-    del h
     for start in range(0, k, block):
         stop = min(start + block, k)
         diagonal = torch.diagonal(hinv[:, start:stop, start:stop], dim1=1, dim2=2)

@@ -47,6 +47,7 @@ from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
 from ....models.family import TensorRule
 from ....models.registry import family_for
+from ....recipe.gptq import working_set
 from ....recipe.score import (
     WINDOW,
     Scorer,
@@ -129,11 +130,13 @@ def _hessian_hooks(model: Any, groups: list[Fp8Group], hessians: dict[str, torch
 
 
 def _memory_budget(device: str) -> int:
-    """Bytes the search may hold for Hessians and rounding at once: 40% of the GPU's free
-    memory, or 8 GiB of host memory."""
+    """Bytes the search may hold for Hessians and rounding at once: 40% of the GPU memory free
+    to PyTorch (the driver's free memory and what its allocator holds unused: the forward
+    passes before leave much of it cached), or 8 GiB of host memory."""
     where = torch.device(device)
     if where.type == "cuda":
-        return int(torch.cuda.mem_get_info(where)[0] * 0.4)
+        cached = torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
+        return int((torch.cuda.mem_get_info(where)[0] + cached) * 0.4)
     return 8 << 30
 
 
@@ -238,11 +241,11 @@ def _by_shape(groups: list[Fp8Group]) -> list[list[Fp8Group]]:
 
 
 def _sub_batches(groups: list[Fp8Group], device: str) -> Iterator[list[Fp8Group]]:
-    """Groups of one shape, as many at a time as compensated_e4m3's working set allows (about
-    four k x k and three n x k tensors per group)."""
+    """Groups of one shape, as many at a time as the batched GPTQ update's working set allows
+    (recipe/gptq.py: working_set)."""
     n, k = groups[0].shape
-    each = (4 * k * k + 3 * n * k) * _itemsize(device)
-    size = max(1, _memory_budget(device) // each)
+    each, once = working_set(n, k, _itemsize(device))
+    size = max(1, (_memory_budget(device) - once) // each)
     for start in range(0, len(groups), size):
         yield groups[start : start + size]
 

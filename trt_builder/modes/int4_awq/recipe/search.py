@@ -59,7 +59,7 @@ from ...fp8.recipe.search import (
     chunk_hessians,
     fp8_groups,
 )
-from ..checkpoint import ALPHAS, awq_linear, awq_pqs, linear_shapes, rounded_at
+from ..checkpoint import awq_linear, awq_pqs, linear_shapes
 from ..spec import Int4Awq, Int4SearchSet
 from .clipping import clipped_scales
 from .rounding import compensated_int4
@@ -86,24 +86,26 @@ class Linears:
         self.hessian_seconds = 0.0
 
 
-def _hessian_alpha(
+def _alphas(
     weight: torch.Tensor, sqmean: torch.Tensor, h: torch.Tensor, group: int, dtype: torch.dtype
-) -> float | None:
-    """The alpha (None: no scale) whose nearest rounding has the least tr(dW H dW^T); on CUDA
-    the products in TF32 (a 7B model's candidates are 30 TFLOP a layer; an error's relative
-    change from TF32 is about 1e-3, far below what separates the alphas' errors)."""
-    best: tuple[float, float | None] | None = None
+) -> tuple[dict[str, torch.Tensor], float | None, float | None]:
+    """(convert's own INT4 tensors of the linear, their alpha by the calibrated diagonal,
+    the alpha (None: no scale) whose nearest rounding has the least tr(dW H dW^T)), from one
+    pass over the grid (each alpha's rounding computed once for both); on CUDA the products in
+    TF32 (a 7B model's candidates are 30 TFLOP a layer; an error's relative change from TF32
+    is about 1e-3, far below what separates the alphas' errors)."""
+    best: list[tuple[float, float | None]] = []
     hf = h.to(weight.device, torch.float32)
+
+    def score(alpha: float | None, _pqs: torch.Tensor, effective: torch.Tensor) -> None:
+        delta = weight - effective
+        error = float(((delta @ hf) * delta).sum())
+        if not best or error < best[0][0]:
+            best[:] = [(error, alpha)]
+
     with tf32():
-        for alpha in (None, *ALPHAS):
-            pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
-            _, _, effective = rounded_at(weight, pqs, group, dtype)
-            delta = weight - effective
-            error = float(((delta @ hf) * delta).sum())
-            if best is None or error < best[0]:
-                best = (error, alpha)
-    assert best is not None
-    return best[1]
+        diagonal, diagonal_alpha, _ = awq_linear(weight, sqmean, group, dtype, each=score)
+    return diagonal, diagonal_alpha, best[0][1]
 
 
 def round_groups(
@@ -135,8 +137,7 @@ def round_groups(
                 weight = _read(g, index, model, device, dtype).float()
                 sqmean = stats[f"{g.group.modules[0]}.input_sqmean"].float().to(device)
                 h = hessians.pop(g.key)
-                diagonal, diagonal_alpha, _ = awq_linear(weight, sqmean, group, dtype)
-                alpha = _hessian_alpha(weight, sqmean, h, group, dtype)
+                diagonal, diagonal_alpha, alpha = _alphas(weight, sqmean, h, group, dtype)
                 pqs = awq_pqs(weight, sqmean, alpha, group, dtype)
                 p = pqs.double().to(h.device)
                 scaled = h * p[:, None] * p  # float64; GPTQ works in float32 on a GPU
