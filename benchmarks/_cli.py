@@ -18,10 +18,10 @@ def executable() -> str:
     return shutil.which("trt-builder") or str(Path(sys.executable).with_name("trt-builder"))
 
 
-def timed(argv: list[str], cwd: Path) -> tuple[float, str]:
+def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, str]:
     """(wall seconds, stdout) of a command; the benchmark stops if it fails."""
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, env=env)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-1500:]}")

@@ -15,6 +15,7 @@ from trt_builder.core.errors import ConversionError, SpecError
 from trt_builder.modes import SmoothQuant
 from trt_builder.modes.smoothquant.convert import convert_smoothquant
 from trt_builder.runtimes.checkpoint import CheckpointRuntime
+from trt_builder.runtimes import int8
 from trt_builder.runtimes.int8 import int8_matmul
 from trt_builder.spec.build import CalibrationOptions
 
@@ -83,10 +84,15 @@ def test_the_runtime_gemm_is_the_plugin_arithmetic(
     torch.testing.assert_close(model._sq_linear(x, p), expected.half().float())
 
 
+@pytest.mark.parametrize("int_mm", [False, True], ids=["float32-blocks", "int-mm"])
 @pytest.mark.parametrize("k", [576, 1024, 1025, 4100])
-def test_the_int8_gemm_accumulates_exactly(k: int) -> None:
+def test_the_int8_gemm_accumulates_exactly(
+    k: int, int_mm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Extreme operands (-128 x -127 in every channel of one row) past the float32 block: each
-    output equals the integer dot product, rounded once to float32 as int32 -> float is."""
+    output equals the integer dot product, rounded once to float32 as int32 -> float is, by
+    both CPU paths (which one runs depends on the CPU: runtimes/int8.py times them)."""
+    monkeypatch.setattr(int8, "cpu_int_mm_faster", lambda: int_mm)
     gen = torch.Generator().manual_seed(k)
     x = torch.randint(-128, 128, (7, k), dtype=torch.int8, generator=gen)
     w = torch.randint(-127, 128, (16, k), dtype=torch.int8, generator=gen)

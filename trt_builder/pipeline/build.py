@@ -16,6 +16,7 @@ from .. import __version__
 from ..calibrate.stage import CalibrateStage
 from ..checkpoint.mapping import check_mapping
 from ..convert.stage import ConvertStage
+from ..core.allocator import reuse_freed_memory
 from ..core.digests import DigestCache
 from ..core.errors import InputError, SpecError, TrtBuilderError, VerifyFailed
 from ..core.fsio import write_json
@@ -169,6 +170,7 @@ def run(
     the run: it is raised, or with `check=False` returned as `result.error` beside the records
     of the stages before it. `offline`: ask no hub (None: as HF_HUB_OFFLINE says)."""
     start = time.perf_counter()
+    reuse_freed_memory()  # core/allocator.py: large tensors are not faulted in afresh each time
     ctx = prepare(spec, force=force, offline=offline)
     result = BuildResult(spec, ctx.layout, notices=ctx.notices, dry_run=dry_run)
     emit = listener or (lambda *_: None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.allocator import reuse_freed_memory
 from ..core.errors import InputError
 from ..core.fsio import write_json
 from ..engine.runtime import EngineRuntime
@@ -61,6 +62,7 @@ def verify_standalone(
 ) -> dict[str, Any]:
     """Verify with the gate of the checkpoint's mode (else the spec's), write the JSON report
     to `report_path` and its JUnit XML and HTML beside it; return the report (`passed`)."""
+    reuse_freed_memory()  # as the pipeline's stages (core/allocator.py)
     mode = checkpoint_mode(checkpoint) if checkpoint is not None else spec.mode.name
     report = verify_checkpoint(
         checkpoint,

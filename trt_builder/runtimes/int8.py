@@ -15,6 +15,9 @@ its operands (trt_builder/modes/smoothquant/convert.py), the checkpoint runtime 
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 
 #: The INT8 GEMMs of a decoder layer (TensorRT-LLM names); dense and proj keep their smoother
@@ -72,11 +75,36 @@ def quantize_static(x: torch.Tensor, to_int: torch.Tensor) -> torch.Tensor:
 EXACT_F32_BLOCK = 1024
 
 
+@functools.cache
+def cpu_int_mm_faster() -> bool:
+    """Whether this CPU's `torch._int_mm` beats float32 GEMMs of the same int8 values, timed on
+    one product of the default model's size (about 50 ms, once per process). Both are exact,
+    so the answer changes how long a GEMM takes, never its result."""
+    x = torch.randint(-127, 128, (512, 1024), dtype=torch.int8)
+    w = torch.randint(-127, 128, (1024, 1024), dtype=torch.int8)
+
+    def seconds(product: object) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            product()  # type: ignore[operator]
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    try:
+        integer = seconds(lambda: torch._int_mm(x, w.T))
+    except RuntimeError:  # a build without the CPU kernel
+        return False
+    return integer < seconds(lambda: x.float() @ w.float().T)
+
+
 def int8_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., k] int8 times w [n, k] int8, accumulated exactly; float32 [..., n]."""
     flat = x.reshape(-1, x.shape[-1])
     m, k = flat.shape
     if x.device.type == "cpu":
+        if m > 0 and cpu_int_mm_faster():
+            return torch._int_mm(flat, w.T).float().reshape(*x.shape[:-1], w.shape[0])
         xf, wf = flat.float(), w.float()
         if k <= EXACT_F32_BLOCK:
             return (xf @ wf.T).reshape(*x.shape[:-1], w.shape[0])
