@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from tiny_models import make_tiny_llama, make_tokenizer  # noqa: E402
+from trt_builder.core.allocator import reuse_freed_memory  # noqa: E402
+
+reuse_freed_memory()  # the tests that compute in this process, as the pipeline's stages do
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,8 +14,8 @@ from trt_builder.calibrate.stats import calibrate, load_stats
 from trt_builder.core.errors import ConversionError, SpecError
 from trt_builder.modes import SmoothQuant
 from trt_builder.modes.smoothquant.convert import convert_smoothquant
-from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes import int8
+from trt_builder.runtimes.checkpoint import CheckpointRuntime
 from trt_builder.runtimes.int8 import int8_matmul
 from trt_builder.spec.build import CalibrationOptions
 
