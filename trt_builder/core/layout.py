@@ -24,6 +24,8 @@ class Layout:
     revision: str
     variant: str
     triton_root: Path
+    #: The verify reports' directory in the variant (another per verify runtime: VerifyOptions).
+    reports_dir: str = "reports"
 
     @property
     def model_dir(self) -> Path:
@@ -55,7 +57,7 @@ class Layout:
 
     @property
     def reports(self) -> Path:
-        return self.variant_dir / "reports"
+        return self.variant_dir / self.reports_dir
 
     @property
     def manifest(self) -> Path:

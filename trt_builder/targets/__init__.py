@@ -5,6 +5,7 @@ ROOMS."""
 from __future__ import annotations
 
 from ..core.errors import SpecError
+from ..modes import Mode
 from .base import Target
 from .engine.spec import EngineTarget
 from .llmapi.spec import LlmApiTarget
@@ -14,8 +15,11 @@ ROOMS: tuple[Target, ...] = (EngineTarget(), LlmApiTarget())
 TARGETS = tuple(target.name for target in ROOMS)
 #: What each target makes, as plan and doctor say it.
 TARGET_MAKES = {target.name: target.MAKES for target in ROOMS}
+#: What the verify stage can run a checkpoint in (verify.runtime), the default first.
+VERIFY_RUNTIMES = tuple(dict.fromkeys(r for target in ROOMS for r in target.VERIFY_RUNTIMES))
 
-__all__ = ["ROOMS", "TARGETS", "TARGET_MAKES", "Target", "target_for"]
+__all__ = ["ROOMS", "TARGETS", "TARGET_MAKES", "VERIFY_RUNTIMES", "Target", "target_for",
+           "verify_refusal"]  # fmt: skip
 
 
 def target_for(name: str) -> Target:
@@ -26,4 +30,16 @@ def target_for(name: str) -> Target:
     raise SpecError(
         f"target {name!r} is not one of {', '.join(TARGETS)}: use --target engine "
         "(trtllm-build) or llmapi (TensorRT-LLM's PyTorch backend)"
+    )
+
+
+def verify_refusal(target: Target, runtime: str, mode: Mode) -> str | None:
+    """Why the verify stage cannot run `target`'s checkpoint of `mode` in `runtime`
+    (verify.runtime), naming what would; None where it can."""
+    if runtime in target.VERIFY_RUNTIMES:
+        return target.verify_refusal(runtime, mode)
+    takes = [t.name for t in ROOMS if runtime in t.VERIFY_RUNTIMES]
+    return (
+        f"verify.runtime {runtime} does not run what --target {target.name} writes: use "
+        f"--target {' or '.join(takes)}, or verify.runtime {' or '.join(target.VERIFY_RUNTIMES)}"
     )

@@ -24,6 +24,9 @@ class Target(ABC):
     builds_engine: ClassVar[bool]
     #: The --kv-cache choices it builds.
     KV_CACHES: ClassVar[tuple[str, ...]] = KV_CACHE_CHOICES
+    #: What can run its checkpoint in the verify stage (verify.runtime): trt-builder's
+    #: checkpoint runtime ("reference") always; a real serving runtime where one loads it.
+    VERIFY_RUNTIMES: ClassVar[tuple[str, ...]] = ("reference",)
 
     @property
     def variant_suffix(self) -> str:
@@ -34,6 +37,11 @@ class Target(ABC):
         """Why it does not build `mode` (`dtype`: the --dtype given), or None: the mode says
         for itself (Mode.REFUSED_BY), then the KV cache beside it."""
         return mode.target_refusal(self.name) or self.kv_refusal(mode, dtype)
+
+    def verify_refusal(self, runtime: str, mode: Mode) -> str | None:
+        """Why the verify stage cannot run this target's checkpoint of `mode` in `runtime`, one
+        of VERIFY_RUNTIMES (targets/__init__.py: verify_refusal asks), or None."""
+        return None
 
     def gpu_needs(self, mode: Mode) -> tuple[str, ...]:
         """The GPU features `mode` needs of the target GPU where this target deploys it."""

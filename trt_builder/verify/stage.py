@@ -1,4 +1,5 @@
-"""verify: the checkpoint, run by the checkpoint runtime, against transformers; gates apply."""
+"""verify: the checkpoint, run by the checkpoint runtime (or by vLLM: verify.runtime), against
+transformers; gates apply."""
 
 from __future__ import annotations
 
@@ -34,16 +35,23 @@ class VerifyStage(Stage):
         return {"checkpoint": ctx.layout.checkpoint, "hf": ctx.layout.hf}
 
     def params(self, ctx: BuildContext) -> dict[str, Any]:
+        runtime = ctx.spec.verify.runtime
         return {
             "gate": asdict(_gate(ctx)),
             "max_new_tokens": ctx.spec.verify.max_new_tokens,
             "heldout_tokens": ctx.spec.verify.heldout_tokens,
             "device": ctx.spec.verify.device,
+            # a serving runtime's release is part of what is verified (the checkpoint
+            # runtime's code is in the key already); absent for it, so its keys stay as they were
+            **(
+                {"runtime": runtime, "release": _release(runtime)} if runtime != "reference" else {}
+            ),  # fmt: skip
         }
 
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         from .compare import record_summary, verify_checkpoint  # torch: only when it runs
 
+        runtime = ctx.spec.verify.runtime
         report = verify_checkpoint(
             ctx.layout.checkpoint,
             ctx.layout.hf,
@@ -51,7 +59,27 @@ class VerifyStage(Stage):
             max_new_tokens=ctx.spec.verify.max_new_tokens,
             heldout_tokens=ctx.spec.verify.heldout_tokens,
             device=ctx.spec.verify.device,
+            runtime=runtime,
+            open_runtime=_opener(runtime, ctx.layout.checkpoint),
         )
         write_json(work / "verify.json", report)
         write_reports(report, work)
         return {**record_summary(report), "failed": not report["passed"]}
+
+
+def _release(runtime: str) -> str | None:
+    """The installed release of a serving runtime verify runs (vllm: its environment's)."""
+    from ..runtimes.vllm import find_vllm, installed_version
+
+    assert runtime == "vllm", runtime  # the runtimes a target takes (targets/: VERIFY_RUNTIMES)
+    return installed_version(find_vllm())
+
+
+def _opener(runtime: str, checkpoint: Path) -> Any:
+    """How verify opens `runtime` on `checkpoint` (None: the checkpoint runtime, its own)."""
+    if runtime == "reference":
+        return None
+    from ..runtimes.vllm import VllmRuntime, find_vllm
+
+    find_vllm()  # not installed: one line naming the install, before the reference loads
+    return lambda tokenizer: VllmRuntime(checkpoint, eos_token_id=tokenizer.eos_token_id)

@@ -28,6 +28,19 @@ class LlmApiTarget(Target):
     #: TensorRT-LLM's PyTorch backend has no INT8 KV cache (its KV cache dtypes are the
     #: model's, FP8 and NVFP4).
     KV_CACHES: ClassVar[tuple[str, ...]] = ("model", "fp8")
+    #: vLLM's LLM() loads its checkpoints (runtimes/vllm.py), of the modes whose rooms name its
+    #: loader (Mode.LOADED_BY; checkpoint/loaders.py: CONTRACTS).
+    VERIFY_RUNTIMES: ClassVar[tuple[str, ...]] = ("reference", "vllm")
+    VERIFY_LOADERS: ClassVar[dict[str, str]] = {"vllm": "vllm 0.10-0.34"}
+
+    def verify_refusal(self, runtime: str, mode: Mode) -> str | None:
+        loader = self.VERIFY_LOADERS.get(runtime)
+        if loader is None or mode.quant_algo is None or loader in mode.LOADED_BY:
+            return None
+        return (
+            f"verify.runtime {runtime} cannot run --dtype {mode.name}: {loader}'s modelopt loader "
+            f"refuses {mode.quant_algo} (docs/llmapi.md); use verify.runtime reference"
+        )
 
     def gpu_needs(self, mode: Mode) -> tuple[str, ...]:
         return mode.hf_gpu_needs  # its loaders' (vLLM's Marlin runs NVFP4 weight-only)
