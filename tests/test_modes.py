@@ -86,6 +86,15 @@ TOLERANCE = (0.012, 0.3, 0.3)
 #: builds on the other CPU these machines have had differed by up to 9 tokens, 13% of
 #: KL and 1.3 points (int8-sq-static's alpha search, most likely, chose otherwise there).
 QUANTIZED_ACTIVATIONS_TOLERANCE = (0.04, 0.3, 1.5)
+#: Where the recipe chose error-compensated rounding (GPTQ's column update: the 4-bit rows and
+#: fp8's here), which grid value each weight takes follows the fit tokens' input Hessians, whose
+#: float32 sums differ between CPUs, and one flip moves the roundings of the columns after it:
+#: top-1 by 0.04 and the held-out perplexity increase by a fifth of itself. Measured (the same
+#: builds, bit-identical run to run on one machine): MEASURED on the Intel AMX machine against
+#: an AMD EPYC (AVX-512 VNNI and BF16, no AMX; 2026-12-07): int4-awq +7.94 / +7.62 % (with the
+#: FP8 KV cache +8.33 / +7.80 %), w4a8-awq +14.06 / +16.39 % (top-1 0.736 / 0.758), nvfp4 with
+#: the FP8 KV cache +19.96 / +21.43 %; KL within 10 % in each.
+COMPENSATED_TOP1, COMPENSATED_PPL_SHARE = 0.04, 0.2
 
 
 def _as_measured(variant: str, report: dict[str, Any], checkpoint: Path) -> None:
@@ -93,6 +102,8 @@ def _as_measured(variant: str, report: dict[str, Any], checkpoint: Path) -> None
     tol = TOLERANCE
     if mode_of(*checkpoint_quantization(checkpoint)).activations is not None:
         tol = QUANTIZED_ACTIVATIONS_TOLERANCE
+    if (report.get("recipe") or {}).get("chosen") == "compensated":
+        tol = (max(tol[0], COMPENSATED_TOP1), tol[1], max(tol[2], COMPENSATED_PPL_SHARE * abs(ppl)))
     got = (report["top1"], report["kl_mean"], report["perplexity"]["delta_pct"])
     assert abs(got[0] - top1) <= tol[0], (variant, got, MEASURED[variant])
     assert abs(got[1] - kl) <= tol[1] * kl + 1e-6, (variant, got, MEASURED[variant])
