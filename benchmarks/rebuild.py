@@ -13,6 +13,7 @@ takes 90 s or more, verify 20 s or more (issue 44), or an unchanged rerun 2 s or
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -60,6 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     exe = executable()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="trt-builder-bench-"))
+    if args.workdir is None:  # GBs of checkpoints: never left behind, whatever happens
+        atexit.register(shutil.rmtree, work, True)
     work.mkdir(parents=True, exist_ok=True)
     build = [exe, "build", "--dtype", "int8", "--json"]
 
@@ -106,8 +109,6 @@ def main() -> None:
     print(
         f"CLI start-up alone (trt-builder --version): {startup:.2f} s; rerun / start-up = {statistics.median(reruns) / startup:.2f}"
     )
-    if args.workdir is None:
-        shutil.rmtree(work, ignore_errors=True)
     missed = []
     if pipeline[next(reversed(runs))] >= PIPELINE_GOAL_S:
         missed.append(f"the first build's pipeline took {pipeline[next(reversed(runs))]:.1f} s")
