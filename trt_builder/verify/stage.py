@@ -79,7 +79,6 @@ def _opener(runtime: str, checkpoint: Path) -> Any:
     """How verify opens `runtime` on `checkpoint` (None: the checkpoint runtime, its own)."""
     if runtime == "reference":
         return None
-    from ..runtimes.vllm import VllmRuntime, find_vllm
+    from ..runtimes.vllm import opener
 
-    find_vllm()  # not installed: one line naming the install, before the reference loads
-    return lambda tokenizer: VllmRuntime(checkpoint, eos_token_id=tokenizer.eos_token_id)
+    return opener(checkpoint)
