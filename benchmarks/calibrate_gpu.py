@@ -6,8 +6,8 @@ nvidia-modelopt's INT8 SmoothQuant `quantize` call on the same model and data, s
 Needs a CUDA GPU and nvidia-modelopt 0.47 (a test-only dependency, never the product's). The
 model is random bfloat16 weights of Llama-2-7B's shape made on the GPU; the data is random token
 ids from a fixed seed (the time does not depend on the values). Both calls are timed without
-model loading: ours is `trt_builder.calibrate.collect` (the calibrate stage's forward passes and
-statistics), modelopt's is `mtq.quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop)` (its
+model loading: ours is `trt_builder.calibrate.stats.collect` (the statistics over the whole
+model, which the calibrate stage's layer-by-layer pass gives to the bit), modelopt's is `mtq.quantize(model, INT8_SMOOTHQUANT_CFG, forward_loop)` (its
 calibration and smoothing). Exits 1 if ours takes more than 1.2x modelopt's.
 """
 

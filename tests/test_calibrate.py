@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tiny_models import make_tiny
+from tiny_models import FAMILIES, make_tiny
 from trt_builder.calibrate.corpus import load_texts, make_samples
 from trt_builder.calibrate.stats import calibrate, calibration_dtype, load_stats
 from trt_builder.core.errors import InputError
@@ -124,24 +125,42 @@ def test_cuda_calibration_agrees_with_cpu(tiny_llama: Path, tmp_path: Path) -> N
     assert not (tmp_path / "cuda" / "offload").exists()
 
 
-@pytest.mark.parametrize("calibrated_in", [None, torch.bfloat16])
-def test_the_search_takes_the_calibrated_model_only_in_the_dtype_it_loads(
-    tiny_llama: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    calibrated_in: torch.dtype | None,
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_layer_at_a_time_gives_the_whole_models_statistics_bit_for_bit(
+    family: str, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """calibrate leaves its model for the recipe search; a model calibrated in bfloat16 (a CPU
-    that computes it natively) is not the float32 one the search scores, and is loaded anew."""
-    from trt_builder.calibrate import MODEL_HANDOFF, stats
+    """calibrate runs the model one decoder layer at a time (calibrate/layers.py): its
+    statistics are those of the whole model run over the same batches, to the bit, in every
+    family; while a layer computes, no other layer's weights are off the meta device."""
+    from trt_builder.calibrate import layers, stats
+    from trt_builder.models.registry import family_for
+    from trt_builder.source.files import read_hf_config
+    from trt_builder.source.hf import load_hf_model
 
-    monkeypatch.setattr(stats, "calibration_dtype", lambda device: calibrated_in)
-    handoff: dict[str, object] = {}
-    calibrate(
-        tiny_llama, tmp_path, CalibrationOptions(samples=2, seq_len=16, device="cpu"), handoff
-    )
-    _, calibrated = handoff[MODEL_HANDOFF]  # type: ignore[misc]
-    assert next(calibrated.parameters()).dtype == (calibrated_in or torch.float32)
-    model = stats.take_model(handoff, tiny_llama, "cpu", tmp_path / "offload")
-    assert not handoff and next(model.parameters()).dtype == torch.float32
-    assert (model is calibrated) == (calibrated_in is None)
+    make_tiny(family, tmp_path / "m", tokenizer_dir)
+    monkeypatch.setattr(stats, "calibration_dtype", lambda device: None)  # float32, both
+    loaded: list[int] = []
+    run = layers.LayerByLayer.run
+
+    def counting(self: layers.LayerByLayer, carried: list[layers.Carried]) -> Any:
+        def count(*_: Any) -> None:
+            loaded.append(sum(any(p.device.type != "meta" for p in self.model.get_submodule(n)
+                                  .parameters()) for n in self.layer_names))  # fmt: skip
+
+        for name in self.layer_names:
+            self.model.get_submodule(name).register_forward_pre_hook(count)
+        return run(self, carried)
+
+    monkeypatch.setattr(layers.LayerByLayer, "run", counting)
+    (tmp_path / "out").mkdir()
+    calibrate(tmp_path / "m", tmp_path / "out", SMALL)
+    ours = load_stats(tmp_path / "out", modules=True)
+    hf = tmp_path / "m"
+    ids = make_samples(AutoTokenizer.from_pretrained(hf), load_texts("bundled")[0], SMALL)
+    whole = stats.collect(load_hf_model(hf).eval(), ids, SMALL.batch_size,
+                          family_for(read_hf_config(hf)))  # fmt: skip
+    assert ours.keys() == whole.keys() and len(ours) > 0
+    for name, value in whole.items():
+        assert torch.equal(ours[name], value), name
+    batches = -(-SMALL.samples // SMALL.batch_size)
+    assert loaded == [1] * (2 * batches)  # 2 layers, each batch through each, one loaded

@@ -81,9 +81,9 @@ def test_the_simulation_is_converting_and_running(
 def test_the_recipe_stage(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--dtype int8` (alpha auto) runs the search as its own stage on the model calibrate
-    loaded; its recipe is all it writes, convert builds the recipe's alphas, and a variant that
-    differs only in the KV cache reuses the recipe."""
+    """`--dtype int8` (alpha auto) runs the search as its own stage, on the float model it
+    loads once; its recipe is all it writes, convert builds the recipe's alphas, and a variant
+    that differs only in the KV cache reuses the recipe."""
     from trt_builder.calibrate import stats
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
@@ -103,7 +103,7 @@ def test_the_recipe_stage(
 
     statuses, result = build()
     assert statuses == {"fetch": "ran", "calibrate": "ran", "recipe": "ran", "convert": "ran"}
-    assert len(loads) == 1  # the search took the calibration's model
+    assert len(loads) == 1  # the search's (calibrate's: calibrate/layers.py)
     records = {r.name: r for r in result.records}  # type: ignore[attr-defined]
     recipe_dir = Path(records["recipe"].output)
     assert sorted(p.name for p in recipe_dir.iterdir()) == ["recipe.json", "stage.json"]
@@ -135,21 +135,21 @@ def test_the_recipe_stage(
     assert len(loads) == 1
 
 
-def test_a_handed_over_model_does_not_outlive_the_next_stage(
+def test_the_calibrations_model_does_not_outlive_its_stage(
     tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """int8-wo calibrates, then converts: convert does not take the model, so it is gone
+    """int8-wo calibrates, then converts: the model calibrate ran layer by layer is gone
     (freed) before convert starts, not held through convert and verify."""
     import gc
     import weakref
 
-    from trt_builder.calibrate import stats
+    from trt_builder.calibrate import layers
     from trt_builder.pipeline.build import run
     from trt_builder.spec.build import make_spec
     from trt_builder.targets.engine import convert as engine_convert
 
     refs: list[weakref.ref[torch.nn.Module]] = []
-    real_load, real_convert = stats.load_hf_model, engine_convert.convert_model
+    real_load, real_convert = layers.load_hf_model, engine_convert.convert_model
 
     def load(*args: object, **kwargs: object) -> torch.nn.Module:
         refs.append(weakref.ref(model := real_load(*args, **kwargs)))
@@ -161,7 +161,7 @@ def test_a_handed_over_model_does_not_outlive_the_next_stage(
         return real_convert(*args, **kwargs)
 
     alive: list[bool] = []
-    monkeypatch.setattr(stats, "load_hf_model", load)
+    monkeypatch.setattr(layers, "load_hf_model", load)
     monkeypatch.setattr(engine_convert, "convert_model", convert)
     spec = make_spec(model=str(tiny_llama), dtype="int8-wo", out=tmp_path / "e", triton_root=tmp_path / "t",
                      **{"calibrate.samples": 8, "calibrate.seq_len": 64})  # fmt: skip

@@ -37,4 +37,4 @@ class CalibrateStage(Stage):
     def run(self, ctx: BuildContext, work: Path) -> dict[str, Any]:
         from .stats import calibrate  # torch and transformers: only when it runs
 
-        return calibrate(quantized_source(ctx), work, ctx.spec.calibrate, handoff=ctx.handoff)
+        return calibrate(quantized_source(ctx), work, ctx.spec.calibrate)

@@ -29,7 +29,6 @@ from ..models.registry import family_for
 from ..source.files import read_hf_config
 from ..source.hf import load_hf_model, pick_device
 from ..spec.build import CalibrationOptions
-from . import MODEL_HANDOFF
 from .corpus import load_texts, make_samples
 
 #: calibration.safetensors' metadata key: {module path: the file's name} where they differ.
@@ -145,37 +144,14 @@ def calibration_dtype(device: str) -> torch.dtype | None:
     return None
 
 
-def _handoff_key(hf_dir: Path, device: str, dtype: torch.dtype | None) -> tuple[str, str, str]:
-    return str(hf_dir.resolve()), device, str(dtype)
-
-
-def hand_over(
-    handoff: dict[str, Any], hf_dir: Path, device: str, dtype: torch.dtype | None, model: Any
-) -> None:
-    """Leave the model `load_model` loaded (in `dtype`) for the next stage, unless part of it
-    lives in an offload folder that is about to be removed."""
-    if "disk" not in set(getattr(model, "hf_device_map", {}).values()):
-        handoff[MODEL_HANDOFF] = (_handoff_key(hf_dir, device, dtype), model)
-
-
-def take_model(handoff: dict[str, Any], hf_dir: Path, device: str, offload: Path) -> Any:
-    """The model the calibration left (taken: it is used once) where it is `load_model`'s
-    default load of the same directory on the same device, else that load."""
-    key, model = handoff.pop(MODEL_HANDOFF, (None, None))
-    if key == _handoff_key(hf_dir, device, None):
-        return model
-    del model  # calibrated in another dtype: freed before the load
-    return load_model(hf_dir, device, offload)
-
-
-def calibrate(
-    hf_dir: Path, out_dir: Path, options: CalibrationOptions, handoff: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Run the model over the calibration set and write the statistics into `out_dir`; the
-    loaded model goes into `handoff` for the next stage (`hand_over`)."""
+def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[str, Any]:
+    """Run the model over the calibration set one decoder layer at a time (layers.py: the
+    statistics are the whole model's, bit for bit) and write them into `out_dir`."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from .layers import LayerByLayer
 
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
@@ -183,35 +159,35 @@ def calibrate(
     texts, digest = load_texts(options.dataset)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     ids = make_samples(tokenizer, texts, options)
-    dtype = calibration_dtype(device)
-    model = load_model(hf_dir, device, out_dir / "offload", dtype).eval()
+    family = family_for(read_hf_config(hf_dir))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    family = family_for(read_hf_config(hf_dir))
-    stats = collect(model, ids, options.batch_size, family)
+    dtype_of = calibration_dtype(device) or ("auto" if device == "cuda" else torch.float32)
+    with LayerByLayer(hf_dir, device, dtype_of, family) as model:
+        recorder = _Recorder(model.model, family)
+        try:
+            model.run(model.start(ids, options.batch_size))
+        finally:
+            recorder.close()
+        stats = recorder.tensors()
+        dtype = str(next(model.model.parameters()).dtype).removeprefix("torch.")
     modules = {k.rsplit(".", 1)[0] for k in stats}
     names = file_names(modules, weight_files(hf_dir), family)
     save_file({k: v.contiguous() for k, v in sorted(stats.items())}, str(out_dir / "calibration.safetensors"),
               metadata={"format": "pt", FILE_NAMES: json.dumps(names, sort_keys=True)})  # fmt: skip
-    seconds = round(time.perf_counter() - start, 2)
     summary = {
         **asdict(options),
         "device": device,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "dtype": dtype,
+        "layer_by_layer": True,
         "dataset_digest": digest,
         "documents": len(texts),
         "tokens": int(ids.numel()),
         "linears": sum(name.endswith(".input_absmax") for name in stats),
-        "seconds": seconds,
+        "seconds": round(time.perf_counter() - start, 2),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    if handoff is not None:
-        hand_over(handoff, hf_dir, device, dtype, model)
-    if (out_dir / "offload").exists():
-        import shutil
-
-        shutil.rmtree(out_dir / "offload")
     return summary
 
 

@@ -47,9 +47,6 @@ class BuildContext:
     notices: list[str] = field(default_factory=list)
     memory: MemoryPlan | None = None  # the engine's memory plan, once limits are resolved
     progress: Callable[[str], None] = lambda _text: None  # a running stage's phase line
-    # What a stage leaves in memory for the next one of the same process (the calibration's
-    # loaded model, for the recipe search); the pipeline drops it after that next stage.
-    handoff: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,8 +76,6 @@ class Stage(ABC):
     name: ClassVar[str]
     version: ClassVar[int]  # bump when the same inputs would now give a different output
     tools: ClassVar[tuple[str, ...]]
-    #: What it takes of the handoff the stage before it left in memory (the rest is dropped).
-    takes: ClassVar[tuple[str, ...]] = ()
     #: Whether it refuses a checkpoint that failed verify (and notes one never verified).
     needs_verified_checkpoint: ClassVar[bool] = False
     #: Whether it publishes its output itself (`place`), not by renaming `work` into place.

@@ -284,18 +284,12 @@ def _run_one(
     emit("start", stage.name, None)
     ctx.progress = _progress(emit, stage.name)
     out = stage.output_dir(ctx)
-    for key in [k for k in ctx.handoff if k not in stage.takes]:
-        del ctx.handoff[key]  # what the stage before left in memory, and this one does not take
-    left = list(ctx.handoff)
     try:  # outputs shared between variants (hf/) need a lock of their own
         with locked(out.parent / f".{out.name}.lock", lock_timeout):
             record = run_stage(stage, ctx)
     except BaseException:
         emit("abort", stage.name, None)
         raise
-    finally:
-        for key in left:  # taken or not, it does not outlive this stage
-            ctx.handoff.pop(key, None)
     if waited:
         record.seconds = round(record.seconds + waited, 3)
     result.records.append(record)

@@ -16,5 +16,5 @@ def run_search(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Run the search `choice` belongs to (each mode's room registers its own, in its
     recipe/): its recipe.json, and the keys of it the stage's summary adds. What else it
-    writes goes into `work`; `where`: device, batch, offload, progress, handoff."""
+    writes goes into `work`; `where`: device, batch, offload, progress."""
     raise TypeError(f"internal: no recipe search for {type(choice).__name__}")

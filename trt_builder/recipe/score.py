@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..calibrate.stats import take_model
+from ..calibrate.stats import load_model
 from ..source.hf import pick_device
 
 WINDOW = 256
@@ -111,19 +111,16 @@ def halving(
     return per_window, finalists
 
 
-def searched_model(
-    hf_dir: Any, device: str, offload: Any, handoff: dict[str, Any] | None
-) -> tuple[str, Any, Any, str]:
+def searched_model(hf_dir: Any, device: str, offload: Any) -> tuple[str, Any, Any, str]:
     """What a search runs on: (the device picked, the tokenizer, the float model in eval mode,
-    the device of its first parameters). The model is the one calibrate left in `handoff`
-    where it is there (the same load), else loaded; the GPU's peak memory is counted from here."""
+    the device of its first parameters); the GPU's peak memory is counted from here."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     device = pick_device(device)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    model = take_model({} if handoff is None else handoff, hf_dir, device, offload).eval()
+    model = load_model(hf_dir, device, offload).eval()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     return device, tokenizer, model, str(next(model.parameters()).device)

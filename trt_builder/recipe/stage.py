@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..calibrate import MODEL_HANDOFF
 from ..core.fsio import write_json
 from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
@@ -25,7 +24,6 @@ class RecipeStage(Stage):
     name: ClassVar[str] = "recipe"
     version: ClassVar[int] = 1
     tools: ClassVar[tuple[str, ...]] = ("torch", "transformers")
-    takes: ClassVar[tuple[str, ...]] = (MODEL_HANDOFF,)  # the model calibrate loaded
 
     def wanted(self, ctx: BuildContext, *, explicit: bool) -> bool:
         return searches(ctx)
@@ -50,8 +48,8 @@ class RecipeStage(Stage):
         options = ctx.spec.calibrate
         choice = search_set(ctx.spec.mode)
         assert choice is not None  # wanted() runs it only then
-        where: dict[str, Any] = dict(device=options.device, batch=options.batch_size, offload=work / "offload",
-                     progress=ctx.progress, handoff=ctx.handoff)  # fmt: skip
+        where: dict[str, Any] = dict(device=options.device, batch=options.batch_size,
+                                     offload=work / "offload", progress=ctx.progress)  # fmt: skip
         load_rooms("modes", "recipe")  # torch and transformers: when it runs
         try:
             recipe, keys = run_search(

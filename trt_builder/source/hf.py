@@ -36,15 +36,20 @@ def end_ids(hf_dir: Path, tokenizer: Any) -> set[int]:
 def load_hf_model(hf_dir: Path, **kwargs: Any) -> Any:
     """The transformers model (float32 unless `kwargs` say otherwise): a causal LM, or a
     vision-language model whose language model was converted (its text path is what runs)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(hf_dir)
-    cls = (
-        AutoModelForCausalLM
-        if type(config) in AutoModelForCausalLM._model_mapping
-        else AutoModelForImageTextToText
-    )
-    return cls.from_pretrained(hf_dir, **{"dtype": torch.float32, **kwargs})
+    return model_class(config).from_pretrained(hf_dir, **{"dtype": torch.float32, **kwargs})
+
+
+def model_class(config: Any) -> Any:
+    """The transformers auto class that loads a model of `config`: a causal LM, or a
+    vision-language model (its text path is what runs)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
 
 
 def load_tokenizer(directory: Path, what: str) -> Any:

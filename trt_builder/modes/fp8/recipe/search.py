@@ -377,13 +377,12 @@ def search_fp8(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
-    handoff: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen e4m3 weights that differ from nearest
     rounding and their scales, by checkpoint tensor name, on the CPU)."""
     start = time.perf_counter()
     hf_config = read_hf_config(hf_dir)
-    device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
+    device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     laps = _Laps(start)
     laps("load")
     fit_ids, ids = _texts(model, tokenizer, choice, progress)

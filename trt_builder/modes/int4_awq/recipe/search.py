@@ -201,7 +201,6 @@ def search_int4(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
-    handoff: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen INT4 values, packed, with their group
     scales, by checkpoint tensor name, on the CPU: none where "awq", convert's own, is chosen)."""
@@ -213,7 +212,7 @@ def search_int4(
     group = Int4Awq(group_size=choice.group_size).group_for(
         linear_shapes(family.config(hf_config)), 1
     )
-    device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
+    device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     laps = _Laps(start)
     laps("load")
     fit_ids, ids = _texts(model, tokenizer, choice, progress)  # type: ignore[arg-type]

@@ -95,18 +95,16 @@ def search(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
-    handoff: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recipe: every candidate's figures, the chosen alphas (global, and per layer and
-    group), each group's sensitivity; as recipe.json holds it. The model is the one the
-    calibration left in `handoff` where it is there (the same load), else loaded."""
+    group), each group's sensitivity; as recipe.json holds it."""
     start = time.perf_counter()
     hf_config = read_hf_config(hf_dir)
     family = family_for(hf_config)
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         names = set(index.names())
     groups = gemm_groups(family, hf_config, names)
-    device, tokenizer, model, first = searched_model(hf_dir, device, offload, handoff)
+    device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     windows = torch.tensor(
         corpus_windows(tokenizer, choice.tokens + choice.fit_tokens, WINDOW, split="search")
     )
