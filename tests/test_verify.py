@@ -31,11 +31,47 @@ def clean(smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this module's verify runs keep the reference's outputs (verify/reference.py): the
+    faults are in the checkpoints, the reference is the same for all."""
+    return tmp_path_factory.mktemp("reference-records")
+
+
 def _verify(checkpoint: Path, reference: Path, **kwargs: Any) -> dict[str, Any]:
     return verify_checkpoint(
         checkpoint, reference, gate=gate_for("float16"), device="cpu", max_new_tokens=8,
         heldout_tokens=1024, **kwargs,
     )  # fmt: skip
+
+
+def test_the_reference_on_record_gives_the_report_it_computed_without_loading_the_model(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first verify computes the transformers reference and keeps its outputs; a second
+    verify of the model takes them from the records, loads no model, and reports the same
+    figures to the bit; a reference of another key is computed anew."""
+    from trt_builder.verify import compare
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    convert_checkpoint(tiny_llama, checkpoint, FloatMode("float16"))
+    loads: list[int] = []
+    real = compare.load_hf_model
+    monkeypatch.setattr(compare, "load_hf_model", lambda *a, **k: loads.append(1) or real(*a, **k))
+    kept = tmp_path / "records"
+
+    def figures(report: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in report.items() if k not in ("seconds", "seconds_by_part")}
+
+    computed = _verify(checkpoint, tiny_llama, records=(kept, "tiny"))
+    assert loads == [1] and len(list(kept.glob("forward-*.safetensors"))) > 1
+    assert len(list(kept.glob("generate-*.safetensors"))) == 1
+    again = _verify(checkpoint, tiny_llama, records=(kept, "tiny"))
+    assert loads == [1] and figures(again) == figures(computed)
+    assert again["top1"] > 0.5 and again["by_layer"] and again["perplexity"]["tokens"] > 0
+    _verify(checkpoint, tiny_llama, records=(kept, "another"))
+    assert loads == [1, 1]
 
 
 def _edit_config(ck: Path, **fields: Any) -> None:
@@ -107,8 +143,8 @@ FAULTS: dict[str, tuple[Callable[[Path], None], str, str]] = {
 }
 
 
-def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path) -> None:
-    report = _verify(clean, smollm2_hf)
+def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path, records: Path) -> None:
+    report = _verify(clean, smollm2_hf, records=(records, "smollm2"))
     assert report["passed"], report["failures"]
     assert report["diagnosis"] == [] and report["top1"] >= 0.995 and report["kl_mean"] <= 1e-3
     assert report["perplexity"]["tokens"] == 1024 and abs(report["perplexity"]["delta_pct"]) < 0.1
@@ -118,13 +154,13 @@ def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path) -> None:
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_an_injected_fault_fails_verify_naming_its_cause(
-    fault: str, clean: Path, smollm2_hf: Path, tmp_path: Path
+    fault: str, clean: Path, smollm2_hf: Path, tmp_path: Path, records: Path
 ) -> None:
     inject, cause, evidence = FAULTS[fault]
     ck = tmp_path / "ck"
     shutil.copytree(clean, ck)
     inject(ck)
-    report = _verify(ck, smollm2_hf)
+    report = _verify(ck, smollm2_hf, records=(records, "smollm2"))
     assert not report["passed"]
     fatal = [d for d in report["diagnosis"] if d["fatal"]]
     assert fatal and fatal[0]["cause"] == cause and evidence in fatal[0]["evidence"], fatal
@@ -133,9 +169,9 @@ def test_an_injected_fault_fails_verify_naming_its_cause(
 
 
 def test_a_tokenizer_from_another_model_fails_verify(
-    clean: Path, smollm2_hf: Path, tokenizer_dir: Path
+    clean: Path, smollm2_hf: Path, tokenizer_dir: Path, records: Path
 ) -> None:
-    report = _verify(clean, smollm2_hf, tokenizer_dir=tokenizer_dir)
+    report = _verify(clean, smollm2_hf, tokenizer_dir=tokenizer_dir, records=(records, "smollm2"))
     assert not report["passed"]
     (finding,) = [d for d in report["diagnosis"] if d["fatal"]]
     assert finding["cause"] == "a tokenizer that is not the model's own"

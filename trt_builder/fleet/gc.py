@@ -29,7 +29,7 @@ from .file import Fleet
 from .nightly import History
 
 #: Directories of a revision that are not variants.
-_SHARED = ("hf", "calibration", "recipe")
+_SHARED = ("hf", "calibration", "recipe", "reference")
 _VERSIONS = ".versions"
 
 

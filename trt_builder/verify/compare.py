@@ -26,6 +26,7 @@ from ..spec.gates import Gate
 from . import diagnose
 from .diagnose import Finding
 from .prompts import load_prompts
+from .reference import RecordedReference
 
 
 def encode_prompts(tokenizer: Any) -> list[tuple[str, list[int]]]:
@@ -309,8 +310,11 @@ def gate_failures(metrics: dict[str, Any], ppl: dict[str, Any], gate: Gate, *,
     return failures
 
 
-def _models(reference_dir: Path, tokenizer_dir: Path | None, device: str) -> tuple[Any, Any, Any]:
-    """(the model's tokenizer, the deployment's if it is another, the transformers model)."""
+def _models(
+    reference_dir: Path, tokenizer_dir: Path | None, device: str, records: tuple[Path, str] | None
+) -> tuple[Any, Any, Any]:
+    """(the model's tokenizer, the deployment's if it is another, the transformers model: loaded
+    on its first call that `records` (a directory and the reference's key) does not hold)."""
     if not (reference_dir / "config.json").is_file():
         raise InputError(
             f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory"
@@ -327,15 +331,19 @@ def _models(reference_dir: Path, tokenizer_dir: Path | None, device: str) -> tup
     placed: dict[str, Any] = {}
     if device.startswith("cuda"):
         placed = {"device_map": device, "dtype": stored_dtype(reference_dir) or torch.float32}
-    try:
-        reference = load_hf_model(reference_dir, **placed)
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(
-            f"transformers cannot load {reference_dir} as the reference ({exc}): "
-            "pass a Hugging Face model directory with its tokenizer"
-        ) from None
-    reference = reference.to(device).float().eval()  # type: ignore[arg-type]  # transformers' stubs
-    return tokenizer, candidate_tokenizer, reference
+
+    def load() -> Any:
+        try:
+            reference = load_hf_model(reference_dir, **placed)
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(
+                f"transformers cannot load {reference_dir} as the reference ({exc}): "
+                "pass a Hugging Face model directory with its tokenizer"
+            ) from None
+        return reference.to(device).float().eval()  # type: ignore[arg-type]  # transformers' stubs
+
+    directory, key = records if records is not None else (None, "")
+    return tokenizer, candidate_tokenizer, RecordedReference(load, directory, key)
 
 
 def stored_dtype(hf_dir: Path) -> torch.dtype | None:
@@ -396,13 +404,15 @@ def verify_checkpoint(
     open_runtime: RuntimeOpener | None = None,
     engine_dir: Path | None = None,
     url: str | None = None,
+    records: tuple[Path, str] | None = None,
 ) -> dict[str, Any]:
     """Run the model through a runtime and compare it with transformers.
 
     `runtime` names what runs it: "reference" (the checkpoint runtime on `checkpoint`), or
     "tensorrt-llm" / "llmapi" / "triton", opened by `open_runtime` (the engine in `engine_dir`,
     TensorRT-LLM's LLM() on the llmapi `checkpoint`, the deployment at `url`: each recorded in
-    the report). The checkpoint, where given, is also checked statically against the HF model.
+    the report). `records`: where the reference's outputs are kept between runs, and the key of
+    the reference they belong to (reference.py). The checkpoint, where given, is also checked statically against the HF model.
     `tokenizer_dir` is the tokenizer the deployment uses (default: the model's own). Returns
     the report; `passed` is False when a gate or a fatal finding fails."""
     from transformers.utils import logging as hf_logging
@@ -412,7 +422,7 @@ def verify_checkpoint(
     device = pick_device(device)
     laps = _Laps()
     tokenizer, candidate_tokenizer, reference, config, weights = _load(
-        checkpoint, reference_dir, tokenizer_dir, device, runtime, laps
+        checkpoint, reference_dir, tokenizer_dir, device, runtime, laps, records
     )
     findings: list[Finding] = []
     notes: list[str] = []
@@ -480,7 +490,7 @@ def _check_runtime(
 
 def _load(
     checkpoint: Path | None, reference_dir: Path, tokenizer_dir: Path | None, device: str,
-    runtime: str, laps: _Laps,
+    runtime: str, laps: _Laps, records: tuple[Path, str] | None,
 ) -> tuple[Any, Any, Any, dict[str, Any], dict[str, torch.Tensor]]:  # fmt: skip
     """(tokenizer, the deployment's tokenizer or None, the transformers reference, the
     checkpoint's config and tensors). The checkpoint is read (and moved to the device) on a
@@ -492,7 +502,9 @@ def _load(
     with ThreadPoolExecutor(1, thread_name_prefix="verify-read") as pool:
         target = device if runtime == "reference" else "cpu"
         reading = pool.submit(_read, checkpoint, target) if checkpoint is not None else None
-        tokenizer, candidate_tokenizer, reference = _models(reference_dir, tokenizer_dir, device)
+        tokenizer, candidate_tokenizer, reference = _models(
+            reference_dir, tokenizer_dir, device, records
+        )
         laps.lap("reference_load")
         if reading is not None:
             config, weights = reading.result()

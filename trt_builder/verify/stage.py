@@ -7,8 +7,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..core.digests import sha256_json
 from ..core.fsio import write_json
-from ..core.stage import BuildContext, Stage
+from ..core.stage import BuildContext, Stage, digest_inputs
+from ..core.versions import tool_versions
 from ..modes import checkpoint_mode
 from ..spec.gates import Gate
 from .reports import write_reports
@@ -61,10 +63,26 @@ class VerifyStage(Stage):
             device=ctx.spec.verify.device,
             runtime=runtime,
             open_runtime=_opener(runtime, ctx.layout.checkpoint),
+            records=_records(ctx),
         )
         write_json(work / "verify.json", report)
         write_reports(report, work)
         return {**record_summary(report), "failed": not report["passed"]}
+
+
+def _records(ctx: BuildContext) -> tuple[Path, str]:
+    """Where the reference's outputs are kept for every variant of the model (reference.py),
+    and the key of this reference: its files, the device verify runs it on, the releases."""
+    from ..source.hf import pick_device
+
+    key = sha256_json(
+        {
+            "hf": digest_inputs(ctx, {"hf": ctx.layout.hf})["hf"],
+            "device": pick_device(ctx.spec.verify.device),
+            "tools": tool_versions(VerifyStage.tools),
+        }
+    )
+    return ctx.layout.model_dir / "reference", key
 
 
 def _release(runtime: str) -> str | None:
