@@ -125,6 +125,28 @@ def default_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 
 
 @pytest.fixture(scope="session")
+def default_variant(
+    default_build: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    """Builds a variant of the default model in the default build's directory, in this process:
+    `build(**spec)` -> the pipeline's result, packaged into a Triton root of its own. The stages
+    are keyed as the pipeline keys them, so whatever the mode matrix (tests/test_modes.py, the
+    CLI in the same directory) or an earlier test built with the same inputs is taken from the
+    cache, and what is built here is there for them: give a row's own settings (no smaller
+    held-out set, no search left out) to share its build."""
+    from trt_builder.pipeline import run
+    from trt_builder.spec.build import make_spec
+
+    cwd, _ = default_build
+
+    def build(**spec: Any) -> Any:
+        root = tmp_path_factory.mktemp("default-variant")
+        return run(make_spec(out=cwd / "engines", triton_root=root / "triton", **spec))
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf(default_build: tuple[Path, dict[str, Any]]) -> Path:
     """SmolLM2-135M-Instruct as fetch wrote it (safetensors, tokenizer, configs)."""
     cwd, result = default_build

@@ -360,23 +360,16 @@ def test_the_default_model_in_int8_serves_its_chat_template(
 
 
 @pytest.fixture(scope="module")
-def default_variants(
-    smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[Any, Path]]:
-    """SmolLM2-135M-Instruct built from its fetched directory: float16 (plain), int8 with the
-    INT8 KV cache (streaming), and fp8 with the FP8 KV cache (plain; rounded to nearest, which
-    spares CI the search: a searched checkpoint differs only in its e4m3 values); the build
-    result and the repository of each."""
-    root = tmp_path_factory.mktemp("variants")
-    return {
-        "float16": _package(smollm2_hf, root, dtype="float16"),
-        "int8-kv8": _package(
-            smollm2_hf, root, dtype="int8", kv_cache="int8", **{"triton.streaming": True}
-        ),  # fmt: skip
-        "fp8-fp8kv": _package(
-            smollm2_hf, root, dtype="fp8", kv_cache="fp8", **{"fp8.search": False}
-        ),  # fmt: skip
+def default_variants(default_variant: Any) -> dict[str, tuple[Any, Path]]:
+    """SmolLM2-135M-Instruct's mode matrix rows float16 (plain), int8 with the INT8 KV cache
+    (packaged streaming) and fp8 with the FP8 KV cache (plain), from the default build's cache
+    (tests/conftest.py: default_variant): the build result and the repository of each."""
+    builds = {
+        "float16": default_variant(dtype="float16"),
+        "int8-kv8": default_variant(dtype="int8", kv_cache="int8", **{"triton.streaming": True}),
+        "fp8-fp8kv": default_variant(dtype="fp8", kv_cache="fp8"),
     }
+    return {name: (result, result.layout.triton) for name, result in builds.items()}
 
 
 CHATS = [
@@ -425,35 +418,28 @@ def test_the_default_model_serves_in_float16_int8_and_fp8(
                 assert text.strip() and _answers_as(runtime, tokenizer, ids, text, want), text
 
 
-@pytest.fixture(scope="module")
-def llmapi_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the default model's llmapi builds go: one calibration for the three."""
-    return tmp_path_factory.mktemp("llmapi-default")
-
-
 @pytest.mark.parametrize("dtype,kv", [("float16", "model"), ("fp8", "model"), ("fp8", "fp8")])
 def test_the_default_model_llmapi_repositories_answer_as_the_checkpoint_runtime(
-    smollm2_hf: Path, llmapi_root: Path, dtype: str, kv: str
+    default_variant: Any, tmp_path: Path, dtype: str, kv: str
 ) -> None:
-    """--target llmapi of the default model in float16, fp8 and fp8 with the FP8 KV cache,
-    packaged plain and streaming (convert cached, package again): each answers a rendered chat
-    as the checkpoint runtime answers it, over HTTP and gRPC, and streamed over gRPC."""
+    """--target llmapi of the default model in float16, fp8 and fp8 with the FP8 KV cache (the
+    mode matrix's rows, from the default build's cache), packaged plain and streaming: each
+    answers a rendered chat as the checkpoint runtime answers it, over HTTP and gRPC, and
+    streamed over gRPC."""
     from transformers import AutoTokenizer
 
     from trt_builder.triton import client
 
-    root = llmapi_root
-    spec = {"target": "llmapi", "dtype": dtype, "kv_cache": kv, "fp8.search": False}
-    result, plain = _package(smollm2_hf, root, **spec)
-    streaming = run(make_spec(model=str(smollm2_hf), out=root / "engines",
-                              triton_root=root / "streaming", **spec,
-                              **{"verify.heldout_tokens": 128, "triton.streaming": True})).layout.triton  # fmt: skip
-    assert {r.name: r.status for r in result.records}["verify"] == "ran"
+    spec = {"target": "llmapi", "dtype": dtype, "kv_cache": kv}
+    result = default_variant(**spec)
+    plain = result.layout.triton
+    streaming = default_variant(**spec, **{"triton.streaming": True}).layout.triton
+    assert {r.name: r.status for r in result.records}["verify"] in ("ran", "cached")
     tokenizer = AutoTokenizer.from_pretrained(result.layout.checkpoint)
     runtime = CheckpointRuntime.load(result.layout.checkpoint)
     with (
-        start(plain, **_ports(root / f"{dtype}-{kv}-plain.log")) as a,
-        start(streaming, **_ports(root / f"{dtype}-{kv}-streaming.log")) as b,
+        start(plain, **_ports(tmp_path / "plain.log")) as a,
+        start(streaming, **_ports(tmp_path / "streaming.log")) as b,
     ):
         for chat in CHATS:
             text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
@@ -934,15 +920,10 @@ class _Serve:
 
 
 @pytest.fixture(scope="module")
-def default_streaming(
-    default_build: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Any, Path]:
+def default_streaming(default_variant: Any) -> tuple[Any, Path]:
     """The README's int8 build of the default model packaged as a streaming repository (its
     stages up to package come from the build's cache): the build result, the repository."""
-    cwd, _ = default_build
-    root = tmp_path_factory.mktemp("default-streaming")
-    result = run(make_spec(out=cwd / "engines", triton_root=root / "triton", dtype="int8",
-                           **{"triton.streaming": True}))  # fmt: skip
+    result = default_variant(dtype="int8", **{"triton.streaming": True})
     return result, result.layout.triton
 
 

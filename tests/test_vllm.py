@@ -38,12 +38,11 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def float_builds(smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The default model's llmapi checkpoints in float16 and bfloat16, each verified with the
-    checkpoint runtime by the build."""
-    root = tmp_path_factory.mktemp("vllm")
-    return {dtype: run(make_spec(model=str(smollm2_hf), out=root / "engines",
-                                 triton_root=root / dtype, target="llmapi", dtype=dtype))
+def float_builds(default_variant: Any) -> dict[str, Any]:
+    """The default model's llmapi checkpoints in float16 (the mode matrix's row, from the
+    default build's cache) and bfloat16, each verified with the checkpoint runtime by the
+    build."""
+    return {dtype: default_variant(target="llmapi", dtype=dtype)
             for dtype in ("float16", "bfloat16")}  # fmt: skip
 
 
@@ -96,7 +95,7 @@ def test_the_builds_own_verify_runs_the_float16_checkpoint_in_vllm_as_the_checkp
     from trt_builder.runtimes.vllm import VLLM_VERSION
 
     before = float_builds["float16"].layout
-    spec = make_spec({"verify": {"runtime": "vllm"}}, model=str(smollm2_hf), out=before.root,
+    spec = make_spec({"verify": {"runtime": "vllm"}}, out=before.root,
                      triton_root=before.triton_root, target="llmapi", dtype="float16")  # fmt: skip
     result = run(spec)
     stages = {r.name: r for r in result.records}
