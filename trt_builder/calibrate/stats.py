@@ -128,9 +128,15 @@ def load_model(hf_dir: Path, device: str, offload: Path, dtype: torch.dtype | No
 
     if device == "cuda":  # every GPU, spilling to CPU memory and then to disk (accelerate)
         offload.mkdir(parents=True, exist_ok=True)
-        return load_hf_model(hf_dir, dtype=dtype or "auto", device_map="auto",
+        return load_hf_model(hf_dir, dtype=load_dtype(device, dtype), device_map="auto",
                              offload_folder=str(offload))  # fmt: skip
-    return load_hf_model(hf_dir) if dtype is None else load_hf_model(hf_dir, dtype=dtype)
+    return load_hf_model(hf_dir, dtype=load_dtype(device, dtype))
+
+
+def load_dtype(device: str, dtype: torch.dtype | None) -> torch.dtype | str:
+    """What transformers loads the model in: `dtype` where given, else the stored dtype on
+    cuda ("auto") and float32 on the CPU."""
+    return dtype or ("auto" if device == "cuda" else torch.float32)
 
 
 def calibration_dtype(device: str) -> torch.dtype | None:
@@ -162,8 +168,9 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
     family = family_for(read_hf_config(hf_dir))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    dtype_of = calibration_dtype(device) or ("auto" if device == "cuda" else torch.float32)
-    with LayerByLayer(hf_dir, device, dtype_of, family) as model:
+    with LayerByLayer(
+        hf_dir, device, load_dtype(device, calibration_dtype(device)), family
+    ) as model:
         recorder = _Recorder(model.model, family)
         try:
             model.run(model.start(ids, options.batch_size))
@@ -179,7 +186,6 @@ def calibrate(hf_dir: Path, out_dir: Path, options: CalibrationOptions) -> dict[
         **asdict(options),
         "device": device,
         "dtype": dtype,
-        "layer_by_layer": True,
         "dataset_digest": digest,
         "documents": len(texts),
         "tokens": int(ids.numel()),

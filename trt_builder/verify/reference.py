@@ -35,7 +35,6 @@ class RecordedReference:
     def __init__(self, load: Callable[[], Any], directory: Path | None, key: str) -> None:
         self._load, self._model = load, None
         self.directory, self.key = directory, key
-        self.computed = 0  # calls the model ran (not on record)
 
     @property
     def model(self) -> Any:
@@ -79,7 +78,6 @@ class RecordedReference:
                                    hidden_states=hidden if output_hidden_states else None)  # fmt: skip
         with torch.inference_mode():
             out = self.model(ids, output_hidden_states=output_hidden_states)
-        self.computed += 1
         tensors = {"logits": out.logits.float()}
         for i, h in enumerate((out.hidden_states or ()) if output_hidden_states else ()):
             tensors[f"hidden.{i}"] = h
@@ -94,6 +92,5 @@ class RecordedReference:
         if path is not None and path.is_file():
             return load_file(path)["sequences"].to(ids.device)
         out = self.model.generate(ids, attention_mask=attention_mask, **options)
-        self.computed += 1
         self._keep(path, {"sequences": out})
         return out
