@@ -253,6 +253,33 @@ def test_the_model_samples_its_own_chats_seeded_and_apart(tiny_llama: Path) -> N
     assert len({tuple(row) for row in one.tolist()}) == 3  # each window its own draw
 
 
+@pytest.mark.integration
+def test_the_sampled_text_is_kept_for_the_models_next_search(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every search of a model (FP8, INT4 AWQ, NVFP4) asks for the same sampled text: the first
+    keeps it in the model's records (core/records.py), the next reads it without generating and
+    gets the same tokens as sampling them; another seed or dtype is another record."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trt_builder.calibrate.corpus import SAMPLED_FORMAT, sampled_windows
+    from trt_builder.core.records import Records
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    records = Records(tmp_path, "tiny", SAMPLED_FORMAT)
+    one = sampled_windows(model, tokenizer, 3, 32, seed=0, records=records)
+    assert torch.equal(one, sampled_windows(model, tokenizer, 3, 32, seed=0))
+    assert len(list(tmp_path.glob("sampled-*.safetensors"))) == 1
+    with monkeypatch.context() as m:
+        m.setattr(model, "generate", lambda *a, **k: pytest.fail("sampled again"))
+        assert torch.equal(one, sampled_windows(model, tokenizer, 3, 32, seed=0, records=records))
+    other = sampled_windows(model, tokenizer, 3, 32, seed=1, records=records)
+    assert not torch.equal(one, other)
+    sampled_windows(model.to(torch.bfloat16), tokenizer, 3, 32, seed=0, records=records)
+    assert len(list(tmp_path.glob("sampled-*.safetensors"))) == 3
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_rounding_is_the_cpus_up_to_float32(tmp_path: Path) -> None:
     """compensated_e4m3 runs in float32 on a GPU and float64 on the CPU: the two take the same

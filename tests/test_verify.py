@@ -17,9 +17,11 @@ from safetensors.torch import load_file, save_file
 from trt_builder.checkpoint.reader import read_checkpoint
 from trt_builder.convert.floats import convert_checkpoint
 from trt_builder.convert.model import convert_model
+from trt_builder.core.records import Records
 from trt_builder.modes import FloatMode, WeightOnlyInt8, gate_for
 from trt_builder.verify.compare import verify_checkpoint
 from trt_builder.verify.diagnose import check_static
+from trt_builder.verify.reference import FORMAT
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +34,10 @@ def clean(smollm2_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def records(tmp_path_factory: pytest.TempPathFactory) -> Records:
     """Where this module's verify runs keep the reference's outputs (verify/reference.py): the
     faults are in the checkpoints, the reference is the same for all."""
-    return tmp_path_factory.mktemp("reference-records")
+    return Records(tmp_path_factory.mktemp("reference-records"), "smollm2", FORMAT)
 
 
 def _verify(checkpoint: Path, reference: Path, **kwargs: Any) -> dict[str, Any]:
@@ -64,13 +66,13 @@ def test_the_reference_on_record_gives_the_report_it_computed_without_loading_th
     def figures(report: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in report.items() if k not in ("seconds", "seconds_by_part")}
 
-    computed = _verify(checkpoint, tiny_llama, records=(kept, "tiny"))
+    computed = _verify(checkpoint, tiny_llama, records=Records(kept, "tiny", FORMAT))
     assert loads == [1] and len(list(kept.glob("forward-*.safetensors"))) > 1
     assert len(list(kept.glob("generate-*.safetensors"))) == 1
-    again = _verify(checkpoint, tiny_llama, records=(kept, "tiny"))
+    again = _verify(checkpoint, tiny_llama, records=Records(kept, "tiny", FORMAT))
     assert loads == [1] and figures(again) == figures(computed)
     assert again["top1"] > 0.5 and again["by_layer"] and again["perplexity"]["tokens"] > 0
-    _verify(checkpoint, tiny_llama, records=(kept, "another"))
+    _verify(checkpoint, tiny_llama, records=Records(kept, "another", FORMAT))
     assert loads == [1, 1]
 
 
@@ -143,8 +145,8 @@ FAULTS: dict[str, tuple[Callable[[Path], None], str, str]] = {
 }
 
 
-def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path, records: Path) -> None:
-    report = _verify(clean, smollm2_hf, records=(records, "smollm2"))
+def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path, records: Records) -> None:
+    report = _verify(clean, smollm2_hf, records=records)
     assert report["passed"], report["failures"]
     assert report["diagnosis"] == [] and report["top1"] >= 0.995 and report["kl_mean"] <= 1e-3
     assert report["perplexity"]["tokens"] == 1024 and abs(report["perplexity"]["delta_pct"]) < 0.1
@@ -154,13 +156,13 @@ def test_the_clean_checkpoint_passes(clean: Path, smollm2_hf: Path, records: Pat
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_an_injected_fault_fails_verify_naming_its_cause(
-    fault: str, clean: Path, smollm2_hf: Path, tmp_path: Path, records: Path
+    fault: str, clean: Path, smollm2_hf: Path, tmp_path: Path, records: Records
 ) -> None:
     inject, cause, evidence = FAULTS[fault]
     ck = tmp_path / "ck"
     shutil.copytree(clean, ck)
     inject(ck)
-    report = _verify(ck, smollm2_hf, records=(records, "smollm2"))
+    report = _verify(ck, smollm2_hf, records=records)
     assert not report["passed"]
     fatal = [d for d in report["diagnosis"] if d["fatal"]]
     assert fatal and fatal[0]["cause"] == cause and evidence in fatal[0]["evidence"], fatal
@@ -169,9 +171,9 @@ def test_an_injected_fault_fails_verify_naming_its_cause(
 
 
 def test_a_tokenizer_from_another_model_fails_verify(
-    clean: Path, smollm2_hf: Path, tokenizer_dir: Path, records: Path
+    clean: Path, smollm2_hf: Path, tokenizer_dir: Path, records: Records
 ) -> None:
-    report = _verify(clean, smollm2_hf, tokenizer_dir=tokenizer_dir, records=(records, "smollm2"))
+    report = _verify(clean, smollm2_hf, tokenizer_dir=tokenizer_dir, records=records)
     assert not report["passed"]
     (finding,) = [d for d in report["diagnosis"] if d["fatal"]]
     assert finding["cause"] == "a tokenizer that is not the model's own"

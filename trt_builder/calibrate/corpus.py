@@ -12,7 +12,11 @@ from typing import Any
 import torch
 
 from ..core.errors import InputError
+from ..core.records import Records
 from ..spec.build import BUNDLED, CalibrationOptions
+
+#: The format of sampled_windows' records (core/records.py): bump when it samples differently.
+SAMPLED_FORMAT = 1
 
 
 def corpus_windows(
@@ -119,7 +123,13 @@ def make_samples(tokenizer: Any, texts: list[str], options: CalibrationOptions) 
 
 
 def sampled_windows(
-    model: Any, tokenizer: Any, count: int, window: int = 256, *, seed: int = 0
+    model: Any,
+    tokenizer: Any,
+    count: int,
+    window: int = 256,
+    *,
+    seed: int = 0,
+    records: Records | None = None,
 ) -> torch.Tensor:
     """[count, window] token ids the model writes itself: chats, where the tokenizer has a chat
     template (the template's opening up to the user's words, then sampled turns), else text
@@ -127,8 +137,20 @@ def sampled_windows(
     set packs documents (half the decoding steps of one to a window). The model's own
     distribution, its chat formatting included: what a corpus of prose lacks. Sampled at
     temperature 1 with top-p 0.95, seeded without touching the global random state; nothing
-    ends a sample early."""
+    ends a sample early. Kept in the model's `records` (core/records.py) where given: every
+    search of the model asks for the same (the same tokens, to the bit, as sampling them)."""
     from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    if records is not None:
+        options = dict(count=count, window=window, seed=seed, dtype=str(model.dtype),
+                       device=str(device))  # fmt: skip
+        kept = records.cached(
+            "sampled",
+            lambda: {"ids": sampled_windows(model, tokenizer, count, window, seed=seed)},
+            **options,
+        )
+        return kept["ids"]
 
     prefix = _chat_opening(tokenizer)
     end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
@@ -137,7 +159,6 @@ def sampled_windows(
     config = GenerationConfig(do_sample=True, temperature=1.0, top_p=0.95, top_k=0,
                               max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
                               pad_token_id=end)  # fmt: skip
-    device = next(model.parameters()).device
     ids = torch.tensor([prefix] * 2 * count, device=device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)

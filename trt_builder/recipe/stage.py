@@ -1,8 +1,9 @@
-"""recipe: what a mode leaves to measured accuracy, searched on held-apart text in memory:
-SmoothQuant's alphas for alpha `auto` (search.py), FP8's weight rounding (fp8.py). Keyed by the
-model's weights, the calibration, the search split, the candidate set and the search's own
-code: editing the converter reruns convert alone, and a recipe that comes out the same does not
-rerun convert."""
+"""recipe: what a mode leaves to measured accuracy, searched on held-apart text in memory (each
+mode's room registers its search: modes/<mode>/recipe/). Keyed by the model's weights, the
+calibration, the search split, the candidate set and the search's own code: editing the
+converter reruns convert alone, and a recipe that comes out the same does not rerun convert.
+The text the model samples for a search is kept in the model's records (core/records.py), so
+the next mode's search of the same model does not sample it again."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.fsio import write_json
+from ..core.records import Records, model_records
 from ..core.rooms import load_rooms
 from ..core.stage import BuildContext, Stage
 from ..source.twin import calibration_dir, quantized_source
@@ -18,6 +20,16 @@ from .candidates import recipe_dir, search_set, searches
 from .dispatch import run_search
 
 SEARCH_SPLIT = Path(__file__).parents[1] / "calibrate" / "data" / "search.jsonl"
+
+
+def _records(ctx: BuildContext) -> Records:
+    """The text the searched model (the build's, or its twin) samples on the search's device,
+    kept for every search of it (calibrate/corpus.py: sampled_windows)."""
+    from ..calibrate.corpus import SAMPLED_FORMAT
+    from ..source.hf import pick_device
+
+    device = pick_device(ctx.spec.calibrate.device)
+    return model_records(ctx, device, SAMPLED_FORMAT, quantized_source(ctx))
 
 
 class RecipeStage(Stage):
@@ -49,7 +61,8 @@ class RecipeStage(Stage):
         choice = search_set(ctx.spec.mode)
         assert choice is not None  # wanted() runs it only then
         where: dict[str, Any] = dict(device=options.device, batch=options.batch_size,
-                                     offload=work / "offload", progress=ctx.progress)  # fmt: skip
+                                     offload=work / "offload", progress=ctx.progress,
+                                     records=_records(ctx))  # fmt: skip
         load_rooms("modes", "recipe")  # torch and transformers: when it runs
         try:
             recipe, keys = run_search(

@@ -18,6 +18,7 @@ from ..checkpoint.reader import read_checkpoint
 from ..checkpoint.safetensors_io import SafetensorsIndex
 from ..checkpoint.weights import weight_files
 from ..core.errors import InputError
+from ..core.records import Records
 from ..modes.kvcache.spec import kv_cache_of
 from ..runtimes.checkpoint import CheckpointRuntime
 from ..runtimes.scoring import kl, kl_reported, nll, nll_reported
@@ -311,10 +312,10 @@ def gate_failures(metrics: dict[str, Any], ppl: dict[str, Any], gate: Gate, *,
 
 
 def _models(
-    reference_dir: Path, tokenizer_dir: Path | None, device: str, records: tuple[Path, str] | None
+    reference_dir: Path, tokenizer_dir: Path | None, device: str, records: Records | None
 ) -> tuple[Any, Any, Any]:
     """(the model's tokenizer, the deployment's if it is another, the transformers model: loaded
-    on its first call that `records` (a directory and the reference's key) does not hold)."""
+    on its first call that `records` (the reference model's, core/records.py) does not hold)."""
     if not (reference_dir / "config.json").is_file():
         raise InputError(
             f"{reference_dir} has no config.json: --reference must be a Hugging Face model directory"
@@ -342,8 +343,7 @@ def _models(
             ) from None
         return reference.to(device).float().eval()  # type: ignore[arg-type]  # transformers' stubs
 
-    directory, key = records if records is not None else (None, "")
-    return tokenizer, candidate_tokenizer, RecordedReference(load, directory, key)
+    return tokenizer, candidate_tokenizer, RecordedReference(load, records)
 
 
 def stored_dtype(hf_dir: Path) -> torch.dtype | None:
@@ -404,15 +404,15 @@ def verify_checkpoint(
     open_runtime: RuntimeOpener | None = None,
     engine_dir: Path | None = None,
     url: str | None = None,
-    records: tuple[Path, str] | None = None,
+    records: Records | None = None,
 ) -> dict[str, Any]:
     """Run the model through a runtime and compare it with transformers.
 
     `runtime` names what runs it: "reference" (the checkpoint runtime on `checkpoint`), or
     "tensorrt-llm" / "llmapi" / "triton", opened by `open_runtime` (the engine in `engine_dir`,
     TensorRT-LLM's LLM() on the llmapi `checkpoint`, the deployment at `url`: each recorded in
-    the report). `records`: where the reference's outputs are kept between runs, and the key of
-    the reference they belong to (reference.py). The checkpoint, where given, is also checked statically against the HF model.
+    the report). `records`: the reference model's outputs kept between runs (core/records.py,
+    reference.py). The checkpoint, where given, is also checked statically against the HF model.
     `tokenizer_dir` is the tokenizer the deployment uses (default: the model's own). Returns
     the report; `passed` is False when a gate or a fatal finding fails."""
     from transformers.utils import logging as hf_logging
@@ -490,7 +490,7 @@ def _check_runtime(
 
 def _load(
     checkpoint: Path | None, reference_dir: Path, tokenizer_dir: Path | None, device: str,
-    runtime: str, laps: _Laps, records: tuple[Path, str] | None,
+    runtime: str, laps: _Laps, records: Records | None,
 ) -> tuple[Any, Any, Any, dict[str, Any], dict[str, torch.Tensor]]:  # fmt: skip
     """(tokenizer, the deployment's tokenizer or None, the transformers reference, the
     checkpoint's config and tensors). The checkpoint is read (and moved to the device) on a

@@ -7,10 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.digests import sha256_json
 from ..core.fsio import write_json
-from ..core.stage import BuildContext, Stage, digest_inputs
-from ..core.versions import tool_versions
+from ..core.records import Records, model_records
+from ..core.stage import BuildContext, Stage
 from ..modes import checkpoint_mode
 from ..spec.gates import Gate
 from .reports import write_reports
@@ -70,19 +69,13 @@ class VerifyStage(Stage):
         return {**record_summary(report), "failed": not report["passed"]}
 
 
-def _records(ctx: BuildContext) -> tuple[Path, str]:
-    """Where the reference's outputs are kept for every variant of the model (reference.py),
-    and the key of this reference: its files, the device verify runs it on, the releases."""
+def _records(ctx: BuildContext) -> Records:
+    """The reference's outputs, kept for every variant of the model (reference.py), on the
+    device verify runs it on."""
     from ..source.hf import pick_device
+    from .reference import FORMAT
 
-    key = sha256_json(
-        {
-            "hf": digest_inputs(ctx, {"hf": ctx.layout.hf})["hf"],
-            "device": pick_device(ctx.spec.verify.device),
-            "tools": tool_versions(VerifyStage.tools),
-        }
-    )
-    return ctx.layout.model_dir / "reference", key
+    return model_records(ctx, pick_device(ctx.spec.verify.device), FORMAT)
 
 
 def _release(runtime: str) -> str | None:

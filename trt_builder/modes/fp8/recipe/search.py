@@ -45,6 +45,7 @@ from ....checkpoint.fp8 import FP8_MAX, to_e4m3, weight_scale
 from ....checkpoint.safetensors_io import DTYPES, SafetensorsIndex
 from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
+from ....core.records import Records
 from ....models.family import TensorRule
 from ....models.registry import family_for
 from ....recipe.gptq import working_set
@@ -353,16 +354,19 @@ def gemm_errors(sim: Fp8Simulation, errors: dict[str, torch.Tensor]) -> Iterator
 
 
 def _texts(
-    model: Any, tokenizer: Any, choice: Fp8SearchSet, progress: Any
+    model: Any, tokenizer: Any, choice: Fp8SearchSet, progress: Any, records: Records | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the fit windows, the scoring windows): each half prose of the search split and half
     text the model samples itself, the scoring ones alternating (so that the first half of
-    them, which every candidate is scored on, holds both)."""
+    them, which every candidate is scored on, holds both). The sampled text is the float
+    model's alone: kept in `records` for every search of the model (FP8, INT4 AWQ, W4A8,
+    NVFP4 ask for the same)."""
     fit, scored = choice.fit_tokens // 2 // WINDOW, choice.tokens // 2 // WINDOW
     prose = torch.tensor(corpus_windows(tokenizer, (fit + scored) * WINDOW, WINDOW,
                                         split="search", seed=choice.seed))  # fmt: skip
     progress(f"sampling {fit + scored} windows of the model's own text")
-    sampled = sampled_windows(model, tokenizer, fit + scored, WINDOW, seed=choice.seed)
+    sampled = sampled_windows(model, tokenizer, fit + scored, WINDOW, seed=choice.seed,
+                              records=records)  # fmt: skip
     fit_ids = torch.cat([prose[:fit], sampled[:fit]])
     score = torch.stack([prose[fit:], sampled[fit : fit + len(prose) - fit]], dim=1)
     return fit_ids, score.flatten(0, 1)
@@ -377,6 +381,7 @@ def search_fp8(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
+    records: Records | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen e4m3 weights that differ from nearest
     rounding and their scales, by checkpoint tensor name, on the CPU)."""
@@ -385,7 +390,7 @@ def search_fp8(
     device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     laps = _Laps(start)
     laps("load")
-    fit_ids, ids = _texts(model, tokenizer, choice, progress)
+    fit_ids, ids = _texts(model, tokenizer, choice, progress, records)
     laps("sample")
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         groups = fp8_groups(model, hf_config, set(index.names()))

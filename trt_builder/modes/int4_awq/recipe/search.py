@@ -44,6 +44,7 @@ from ....checkpoint.int4 import dequantize, pack_rows, quantize_groups
 from ....checkpoint.safetensors_io import SafetensorsIndex
 from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
+from ....core.records import Records
 from ....models.registry import family_for
 from ....recipe.gptq import tf32
 from ....recipe.score import Scorer, choose_simplest, figures, halving, mean_se, searched_model
@@ -201,6 +202,7 @@ def search_int4(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
+    records: Records | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen INT4 values, packed, with their group
     scales, by checkpoint tensor name, on the CPU: none where "awq", convert's own, is chosen)."""
@@ -215,7 +217,7 @@ def search_int4(
     device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     laps = _Laps(start)
     laps("load")
-    fit_ids, ids = _texts(model, tokenizer, choice, progress)  # type: ignore[arg-type]
+    fit_ids, ids = _texts(model, tokenizer, choice, progress, records)  # type: ignore[arg-type]
     laps("sample")
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         groups = fp8_groups(model, hf_config, set(index.names()))

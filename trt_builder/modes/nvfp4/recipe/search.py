@@ -35,6 +35,7 @@ from ....checkpoint import nvfp4
 from ....checkpoint.safetensors_io import SafetensorsIndex
 from ....checkpoint.weights import weight_files
 from ....core.dtypes import torch_dtype
+from ....core.records import Records
 from ....recipe.gptq import compensated_on_grid
 from ....recipe.score import Scorer, choose_simplest, figures, halving, mean_se, searched_model
 from ....source.files import read_hf_config
@@ -162,6 +163,7 @@ def search_nvfp4(
     batch: int = 8,
     offload: Path,
     progress: Any = lambda _text: None,
+    records: Records | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the recipe, as recipe.json holds it; the chosen codes, packed, with their block scales,
     by checkpoint tensor name, on the CPU: none where "amax", convert's own, is chosen)."""
@@ -170,7 +172,7 @@ def search_nvfp4(
     device, tokenizer, model, first = searched_model(hf_dir, device, offload)
     laps = _Laps(start)
     laps("load")
-    fit_ids, ids = _texts(model, tokenizer, choice, progress)  # type: ignore[arg-type]
+    fit_ids, ids = _texts(model, tokenizer, choice, progress, records)  # type: ignore[arg-type]
     laps("sample")
     with SafetensorsIndex(weight_files(hf_dir)) as index:
         groups = fp8_groups(model, hf_config, set(index.names()))

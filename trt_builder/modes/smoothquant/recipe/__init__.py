@@ -16,4 +16,5 @@ def _alphas(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     from .search import search
 
+    where = {k: v for k, v in where.items() if k != "records"}  # it samples no text to keep
     return search(hf, calibration, choice, **where), ("alpha",)
