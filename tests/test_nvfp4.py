@@ -88,6 +88,28 @@ def test_the_format_is_modelopts_bit_for_bit() -> None:
     assert nvfp4.from_codes(nvfp4.to_codes(ties)).tolist() == [0, 1, 1, 2, 2, 4, 4, 6, -1]
 
 
+def test_rounding_to_e2m1_values_is_the_codes_rounding_to_the_bit() -> None:
+    """round_e2m1 (the values, with no codes: what the search and the runtime use for every
+    activation) gives from_codes(to_codes(x)) bit for bit: every e2m1 value and midpoint with
+    its float32 neighbours either side, both signs and both zeros, values beyond 6 and
+    infinities, 1e6 random values at every scale, and float64 inputs that underflow float32
+    (the sign is the input's)."""
+    grid = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
+                         5.0, 6.0, 7.0, 12.0, 1e30, float("inf")])  # fmt: skip
+    up, down = grid.nextafter(torch.tensor(float("inf"))), grid.nextafter(torch.tensor(0.0))
+    near = torch.cat((grid, up, down))
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(10**6, generator=gen) * torch.logspace(-8, 3, 10**6).float()
+    tiny = torch.tensor([-1e-300, 1e-300, -0.3, -0.0], dtype=torch.float64)
+    for x in (torch.cat((near, -near)), wide, tiny):
+        ours = nvfp4.round_e2m1(x)
+        codes = nvfp4.from_codes(nvfp4.to_codes(x))
+        assert ours.dtype == codes.dtype == torch.float32
+        assert torch.equal(ours.view(torch.int32), codes.view(torch.int32))
+    signed = nvfp4.round_e2m1(tiny).view(torch.int32)  # -0.0 from a negative input, +0.0 from -0.0
+    assert torch.equal(signed, torch.tensor([-0.0, 0.0, -0.5, 0.0]).view(torch.int32))
+
+
 def test_activations_are_quantized_as_the_fp4_gemm_quantizes_them() -> None:
     """The run-time quantization of a GEMM's input (TensorRT-LLM's recipe: SF = e4m3(S x (m x
     1/6)), values times 1 / (SF / S)): its block scales are those modelopt's formula gives for

@@ -69,6 +69,23 @@ def from_codes(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((codes & 8).bool(), -magnitude, magnitude)
 
 
+def round_e2m1(scaled: torch.Tensor) -> torch.Tensor:
+    """float32 e2m1 values of values already divided by their scales: from_codes(to_codes(x)),
+    to the bit for every input but NaN (tested), without the codes. On each stretch of the grid
+    its step is a power of two and its codes' parity is the values' (0, 0.5, ... 2 by 0.5; 2,
+    3, 4; 4, 6), so rounding half to even at that step is the codes' tie rule; beyond 6 it
+    saturates. The recipe search and the runtime round every activation this way: 4x faster
+    on the CPU than searching the bounds."""
+    x = scaled.float()
+    m = x.abs()
+    v = torch.where(
+        m < 2,
+        torch.round(m * 2) * 0.5,
+        torch.where(m < 4, torch.round(m), (torch.round(m * 0.5) * 2).clamp(max=E2M1_MAX)),
+    )
+    return torch.where(scaled < 0, -v, v)  # the sign of the input, as to_codes takes it
+
+
 def quantize_blocks(
     weight: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor
 ) -> torch.Tensor:
@@ -113,13 +130,23 @@ def quantize_activations(
     vLLM's reference (`ref_nvfp4_quant`) computes them: a value within an ulp of a rounding
     midpoint may take the other code there."""
     rows, width = x.shape
+    flat, output_scale, sf = _activation_blocks(x, scale_2)
+    return to_codes(flat * output_scale).reshape(rows, width), sf
+
+
+def _activation_blocks(
+    x: torch.Tensor, scale_2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(`x` [rows, in] in float32 blocks [rows, in / 16, 16], each block's os, its SF):
+    quantize_activations' arithmetic up to the rounding."""
+    rows, width = x.shape
     flat = x.float().reshape(rows, width // BLOCK, BLOCK)
     big_s = 1.0 / scale_2.float().reshape(())
     m = flat.abs().amax(-1, keepdim=True)
     sf = (big_s * (m * _INV_E2M1_MAX.to(x.device))).clamp(max=E4M3_MAX)
     sf = sf.to(torch.float8_e4m3fn).float()
     output_scale = torch.where(sf != 0, 1.0 / (sf * (1.0 / big_s)), torch.zeros_like(sf))
-    return to_codes(flat * output_scale).reshape(rows, width), sf
+    return flat, output_scale, sf
 
 
 def fake_quantize(x: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
@@ -127,6 +154,6 @@ def fake_quantize(x: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
     dimension), dequantized: e2m1 x SF x a (the GEMM's alpha a x s2 times its exact block
     products)."""
     shape = x.shape
-    codes, sf = quantize_activations(x.reshape(-1, shape[-1]), scale_2)
-    values = from_codes(codes).reshape(sf.shape[0], -1, BLOCK)
+    flat, output_scale, sf = _activation_blocks(x.reshape(-1, shape[-1]), scale_2)
+    values = round_e2m1(flat * output_scale)
     return (values * sf * scale_2.float().reshape(())).reshape(shape)

@@ -35,7 +35,7 @@ def searched_scales(
     # the nearest scale first: another must do strictly better to replace it
     for scales in (nearest, *candidates(nearest).unbind()):
         step = scales.float() * scale_2.float()
-        values = nvfp4.from_codes(nvfp4.to_codes(w / step[..., None])) * step[..., None]
+        values = nvfp4.round_e2m1(w / step[..., None]) * step[..., None]
         d = w - values
         error = ((d.transpose(0, 1) @ h).transpose(0, 1) * d).sum(-1)  # [out, blocks]
         better = error < least

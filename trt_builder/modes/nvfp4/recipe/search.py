@@ -65,7 +65,7 @@ WEIGHTS = "weights.safetensors"
 
 
 def _e2m1_grid(values: torch.Tensor) -> torch.Tensor:
-    return nvfp4.from_codes(nvfp4.to_codes(values)).to(values.dtype)
+    return nvfp4.round_e2m1(values).to(values.dtype)
 
 
 class Blocks:
