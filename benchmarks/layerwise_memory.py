@@ -2,11 +2,12 @@
 grow with the number of decoder layers? (issue 43)
 
     .venv/bin/python benchmarks/layerwise_memory.py [--layers 4 8] [--samples 4] [--seq-len 128]
-        [--before DIR] [--device cpu|cuda] [--work DIR]
+        [--before DIR] [--device cpu|cuda] [--work DIR] [--tokenizer DIR]
 
 For each depth: a local model directory of Llama-2-7B's shape (hidden 4096, intermediate 11008,
 32 heads) with that many decoder layers, random bfloat16 weights written tensor by tensor (the
-whole model is never in memory here), SmolLM2's tokenizer and vocabulary (49152 tokens); then
+whole model is never in memory here), SmolLM2's tokenizer and vocabulary (49152 tokens; `--tokenizer DIR` where the default model's
+package is not installed, as on the GPU machine); then
 `trt-builder fetch` and `trt-builder calibrate` on it as a user runs them, each in a child
 process whose peak resident memory (ru_maxrss) is read when it ends, and the peak GPU memory
 from the calibration's record on CUDA. `--before DIR` (a checkout of an earlier commit) runs
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--before", type=Path, help="a checkout of an earlier commit")
     parser.add_argument("--work", type=Path, help="where to write (default: a temporary dir)")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer directory (default: SmolLM2's)")
     args = parser.parse_args()
 
     from trt_builder.pipeline.build import run
@@ -112,7 +114,9 @@ def main() -> None:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="trt-builder-layerwise-"))
     atexit.register(shutil.rmtree, work, True)
-    tokenizer = Path(run(make_spec(out=work / "default"), only=("fetch",)).layout.hf)
+    tokenizer = args.tokenizer or Path(
+        run(make_spec(out=work / "default"), only=("fetch",)).layout.hf
+    )
     versions = {"after": os.environ.copy()}
     if args.before is not None:  # the earlier checkout's package first on the path
         versions = {"before": {**os.environ, "PYTHONPATH": str(args.before.resolve())},

@@ -164,3 +164,30 @@ def test_one_layer_at_a_time_gives_the_whole_models_statistics_bit_for_bit(
         assert torch.equal(ours[name], value), name
     batches = -(-SMALL.samples // SMALL.batch_size)
     assert loaded == [1] * (2 * batches)  # 2 layers, each batch through each, one loaded
+
+
+@pytest.mark.gpu
+def test_one_layer_at_a_time_on_cuda_gives_the_whole_models_statistics(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on a CUDA GPU (the path a 7B build takes: accelerate's disk offload with the
+    layers read onto the GPU one at a time): the statistics are those of the whole model run on
+    the GPU over the same batches, in float32."""
+    import dataclasses
+
+    from trt_builder.calibrate import stats
+    from trt_builder.models.registry import family_for
+    from trt_builder.source.files import read_hf_config
+    from trt_builder.source.hf import load_hf_model
+
+    monkeypatch.setattr(stats, "calibration_dtype", lambda device: None)  # float32, both
+    options = dataclasses.replace(SMALL, device="cuda")
+    summary = calibrate(tiny_llama, tmp_path, options)
+    assert summary["device"] == "cuda" and summary["peak_gpu_bytes"] > 0
+    ours = load_stats(tmp_path, modules=True)
+    ids = make_samples(AutoTokenizer.from_pretrained(tiny_llama), load_texts("bundled")[0], SMALL)
+    whole = stats.collect(load_hf_model(tiny_llama).eval().to("cuda"), ids, SMALL.batch_size,
+                          family_for(read_hf_config(tiny_llama)))  # fmt: skip
+    assert ours.keys() == whole.keys() and len(ours) > 0
+    for name, value in whole.items():
+        torch.testing.assert_close(ours[name], value.cpu(), rtol=1e-5, atol=1e-6, msg=name)
