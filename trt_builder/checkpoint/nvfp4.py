@@ -74,8 +74,8 @@ def round_e2m1(scaled: torch.Tensor) -> torch.Tensor:
     to the bit for every input but NaN (tested), without the codes. On each stretch of the grid
     its step is a power of two and its codes' parity is the values' (0, 0.5, ... 2 by 0.5; 2,
     3, 4; 4, 6), so rounding half to even at that step is the codes' tie rule; beyond 6 it
-    saturates. The recipe search and the runtime round every activation this way: 4x faster
-    on the CPU than searching the bounds."""
+    saturates. The recipe search and the runtime round every activation this way (the default
+    model's NVFP4 search: fake_quantize 29.0 s through the codes, 12.9 s this way)."""
     x = scaled.float()
     m = x.abs()
     v = torch.where(

@@ -39,7 +39,7 @@ class Records:
     def __init__(self, directory: Path | None, key: str, format: int) -> None:
         self.directory, self.key, self.format = directory, key, format
 
-    def path(self, call: str, *tensors: torch.Tensor, **options: Any) -> Path | None:
+    def _path(self, call: str, *tensors: torch.Tensor, **options: Any) -> Path | None:
         """The file that holds `call` on `tensors` with `options` (None where nothing is kept)."""
         if self.directory is None:
             return None
@@ -51,7 +51,7 @@ class Records:
         return self.directory / f"{call}-{h.hexdigest()[:32]}.safetensors"
 
     @staticmethod
-    def load(path: Path | None) -> dict[str, torch.Tensor] | None:
+    def _load(path: Path | None) -> dict[str, torch.Tensor] | None:
         """The tensors kept in `path`, or None where there is no such record."""
         if path is None or not path.is_file():
             return None
@@ -60,7 +60,7 @@ class Records:
         return load_file(path)
 
     @staticmethod
-    def keep(path: Path | None, tensors: dict[str, torch.Tensor]) -> None:
+    def _keep(path: Path | None, tensors: dict[str, torch.Tensor]) -> None:
         """Write `tensors` to `path` whole (nothing where `path` is None)."""
         if path is None:
             return
@@ -83,11 +83,11 @@ class Records:
         **options: Any,
     ) -> dict[str, torch.Tensor]:
         """`compute()`'s tensors, from the record where one is kept, else computed and kept."""
-        path = self.path(call, *tensors, **options)
-        kept = self.load(path)
+        path = self._path(call, *tensors, **options)
+        kept = self._load(path)
         if kept is None:
             kept = compute()
-            self.keep(path, kept)
+            self._keep(path, kept)
         return kept
 
 

@@ -40,26 +40,26 @@ class RecordedReference:
 
     def __call__(self, ids: torch.Tensor, output_hidden_states: bool = False) -> Any:
         """The model's forward on `ids`: `.logits` (and `.hidden_states` where asked)."""
-        path = self.records.path("forward", ids, hidden=output_hidden_states)
-        kept = self.records.load(path)
-        if kept is not None:
-            hidden = tuple(kept[f"hidden.{i}"] for i in range(len(kept) - 1))
-            return SimpleNamespace(logits=kept["logits"],
-                                   hidden_states=hidden if output_hidden_states else None)  # fmt: skip
-        with torch.inference_mode():
-            out = self.model(ids, output_hidden_states=output_hidden_states)
-        tensors = {"logits": out.logits.float()}
-        for i, h in enumerate((out.hidden_states or ()) if output_hidden_states else ()):
-            tensors[f"hidden.{i}"] = h
-        self.records.keep(path, tensors)
-        return out
+
+        def forward() -> dict[str, torch.Tensor]:
+            with torch.inference_mode():
+                out = self.model(ids, output_hidden_states=output_hidden_states)
+            hidden = (out.hidden_states or ()) if output_hidden_states else ()
+            return {
+                "logits": out.logits.float(),
+                **{f"hidden.{i}": h for i, h in enumerate(hidden)},
+            }
+
+        kept = self.records.cached("forward", forward, ids, hidden=output_hidden_states)
+        hidden = tuple(kept[f"hidden.{i}"] for i in range(len(kept) - 1))
+        return SimpleNamespace(logits=kept["logits"],
+                               hidden_states=hidden if output_hidden_states else None)  # fmt: skip
 
     def generate(self, ids: torch.Tensor, attention_mask: torch.Tensor, **options: Any) -> Any:
         """The model's `generate` (greedy, as verify calls it): the sequences."""
-        path = self.records.path("generate", ids, attention_mask, **options)
-        kept = self.records.load(path)
-        if kept is not None:
-            return kept["sequences"].to(ids.device)
-        out = self.model.generate(ids, attention_mask=attention_mask, **options)
-        self.records.keep(path, {"sequences": out})
-        return out
+
+        def generate() -> dict[str, torch.Tensor]:
+            return {"sequences": self.model.generate(ids, attention_mask=attention_mask, **options)}
+
+        kept = self.records.cached("generate", generate, ids, attention_mask, **options)
+        return kept["sequences"].to(ids.device)
